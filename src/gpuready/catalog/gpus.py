@@ -1,0 +1,83 @@
+"""GPU specs. Memory is the vendor's marketing figure in GB (10^9); usable memory is what the driver reports."""
+
+from __future__ import annotations
+
+import csv
+import functools
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+from gpuready.errors import InputError
+
+# NVML total / label on the H200 we measured: 143771 MiB / (141 * 1024 MiB)
+USABLE_FRACTION_OF_LABEL = 143771 / (141 * 1024)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    vendor: str
+    memory_gb: float
+    mem_bw_gbs: float | None
+    bf16_dense_tflops: float | None
+    fp32_tflops: float | None
+    compute_capability: str | None
+    source_url: str
+
+    @property
+    def memory_bytes(self) -> int:
+        """Memory as the marketing figure says (GB = 10^9 bytes)."""
+        return int(self.memory_gb * 1000**3)
+
+    @property
+    def usable_bytes(self) -> int:
+        """Memory the driver reports as total. Vendors' "GB" on GPUs are GiB less what ECC and firmware hold:
+        the H200's "141 GB" reads 143,771 MiB in NVML (../shared/calibration/README.md), 0.9958 of 141 GiB.
+        We apply that factor to every card's label; `--gpu-memory` gives an exact figure instead."""
+        return int(self.memory_gb * 1024**3 * USABLE_FRACTION_OF_LABEL)
+
+
+def _num(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+@functools.cache
+def load_gpus() -> tuple[Gpu, ...]:
+    rows = []
+    with resources.files("gpuready.catalog").joinpath("data/gpus.csv").open(encoding="utf-8") as fh:
+        for row in csv.DictReader(fh):
+            rows.append(
+                Gpu(
+                    name=row["name"],
+                    vendor=row["vendor"],
+                    memory_gb=float(row["memory_gb"]),
+                    mem_bw_gbs=_num(row["mem_bw_gbs"]),
+                    bf16_dense_tflops=_num(row["bf16_dense_tflops"]),
+                    fp32_tflops=_num(row["fp32_tflops"]),
+                    compute_capability=row["compute_capability"] or None,
+                    source_url=row["source_url"],
+                )
+            )
+    return tuple(rows)
+
+
+def _key(text: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", text.lower())
+
+
+def find_gpu(name: str) -> Gpu:
+    """Find a GPU by name, forgiving case and punctuation: 'h100', 'A100-80GB', 'rtx4090'."""
+    want = _key(name)
+    gpus = load_gpus()
+    exact = [g for g in gpus if _key(g.name) == want]
+    if exact:
+        return exact[0]
+    partial = [g for g in gpus if want and want in _key(g.name)]
+    if len(partial) >= 1:
+        return partial[0]
+    names = ", ".join(g.name for g in gpus)
+    raise InputError("--gpu", f"unknown GPU {name!r}; known: {names}")

@@ -1,0 +1,101 @@
+"""What every command shares: workload flags, JSON output, the console."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from gpuready.workload import Workload, load_workload_file, make_workload
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_WORKLOAD_FILE = "gpuready.toml"
+
+# (name, annotation) of each workload flag. None defaults let a file value stand unless a flag is given.
+_WORKLOAD_PARAMS: list[tuple[str, Any]] = [
+    ("task", Annotated[str | None, typer.Option(help="train or infer [default: train]")]),
+    ("method", Annotated[str | None, typer.Option(help="full, lora or qlora [default: full]")]),
+    ("batch", Annotated[int | None, typer.Option(help="micro-batch per GPU [default: 1]")]),
+    (
+        "seq",
+        Annotated[int | None, typer.Option(help="tokens per sequence (prompt for infer) [default: 2048]")],
+    ),
+    ("new_tokens", Annotated[int | None, typer.Option(help="tokens generated per sequence [default: 0]")]),
+    ("image_size", Annotated[int | None, typer.Option(help="pixels per side, vision [default: 224]")]),
+    ("precision", Annotated[str | None, typer.Option(help="bf16, fp16, fp32 or mixed [default: bf16]")]),
+    ("optim", Annotated[str | None, typer.Option(help="adamw, adamw8bit, sgd, adafactor [default: adamw]")]),
+    (
+        "grad_ckpt",
+        Annotated[bool | None, typer.Option("--grad-ckpt/--no-grad-ckpt", help="activation checkpointing")],
+    ),
+    ("grad_accum", Annotated[int | None, typer.Option(help="gradient accumulation steps [default: 1]")]),
+    ("lora_r", Annotated[int | None, typer.Option(help="LoRA rank [default: 16]")]),
+    ("lora_targets", Annotated[str | None, typer.Option(help="LoRA modules, comma-separated")]),
+    ("attn", Annotated[str | None, typer.Option(help="sdpa, eager or flash [default: sdpa]")]),
+    ("gpus", Annotated[int | None, typer.Option(help="GPUs [default: 1]")]),
+    (
+        "shard",
+        Annotated[str | None, typer.Option(help="none, ddp, fsdp, zero1, zero2, zero3 [default: none]")],
+    ),
+    ("workload_file", Annotated[Path | None, typer.Option("--workload", help="workload TOML file")]),
+]
+_NAMES = [name for name, _ in _WORKLOAD_PARAMS]
+
+
+def build_workload(model: str | None, flags: dict[str, Any]) -> Workload:
+    """Merge the workload file (explicit, else ./gpuready.toml) with flags; flags win."""
+    file_arg = flags.pop("workload_file", None)
+    fields: dict[str, Any] = {}
+    path = Path(file_arg) if file_arg else Path(DEFAULT_WORKLOAD_FILE)
+    if file_arg or path.is_file():
+        fields.update(load_workload_file(path))
+    fields.update({k: v for k, v in flags.items() if v is not None})
+    if model:
+        fields["model"] = model
+    if "model" not in fields:
+        from gpuready.errors import InputError
+
+        raise InputError(
+            "MODEL", "no model given; name a preset (see `gpuready models`), a config.json or folder"
+        )
+    return make_workload(**fields)
+
+
+def with_workload(func: F) -> F:
+    """Add the CONTRACT.md workload flags to a command; it receives `workload_flags: dict` instead."""
+    sig = inspect.signature(func)
+    own = [p for p in sig.parameters.values() if p.name != "workload_flags"]
+    extra = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ann)
+        for name, ann in _WORKLOAD_PARAMS
+    ]
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        flags = {name: kwargs.pop(name, None) for name in _NAMES}
+        return func(*args, workload_flags=flags, **kwargs)
+
+    params = [
+        p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if p.kind is p.POSITIONAL_OR_KEYWORD else p
+        for p in own
+    ]
+    wrapper.__signature__ = sig.replace(parameters=params + extra)  # type: ignore[attr-defined]
+    annotations = {k: v for k, v in getattr(func, "__annotations__", {}).items() if k != "workload_flags"}
+    annotations.update(dict(_WORKLOAD_PARAMS))
+    wrapper.__annotations__ = annotations
+    return wrapper  # type: ignore[return-value]
+
+
+def print_json(data: Any) -> None:
+    """One JSON document on stdout, nothing else there (CONTRACT.md)."""
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="one JSON document on stdout")]

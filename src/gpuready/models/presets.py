@@ -1,0 +1,60 @@
+"""Built-in model presets (data/presets.json) and name resolution: preset, hub id, config.json, folder."""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from gpuready.errors import ModelNotFoundError
+from gpuready.models.spec import ModelSpec, spec_from_config
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    hub_id: str
+    source: str
+    config: dict[str, Any]
+
+
+@functools.cache
+def load_presets() -> tuple[Preset, ...]:
+    text = resources.files("gpuready.models").joinpath("data/presets.json").read_text(encoding="utf-8")
+    return tuple(Preset(**p) for p in json.loads(text)["presets"])
+
+
+@functools.cache
+def _index() -> dict[str, Preset]:
+    out: dict[str, Preset] = {}
+    for p in load_presets():
+        out[p.name.lower()] = p
+        out[p.hub_id.lower()] = p
+        out[p.hub_id.split("/")[-1].lower()] = p
+    return out
+
+
+def find_preset(name: str) -> Preset | None:
+    return _index().get(name.strip().lower())
+
+
+@functools.cache
+def resolve_model(name: str) -> ModelSpec:
+    """A preset name or hub id, a config.json, a model folder, or (online) a hub id not in the presets."""
+    preset = find_preset(name)
+    if preset is not None:
+        return spec_from_config(preset.config, preset.name, preset.source)
+    path = Path(name).expanduser()
+    if path.exists():
+        from gpuready.models.local import spec_from_path
+
+        return spec_from_path(path)
+    if "/" in name and not name.startswith((".", "/")):
+        from gpuready.models.hub import fetch_config
+
+        return spec_from_config(fetch_config(name), name, f"https://huggingface.co/{name}")
+    names = ", ".join(p.name for p in load_presets())
+    raise ModelNotFoundError(name, f"not a preset, a file or a hub id; presets: {names}")

@@ -1,0 +1,271 @@
+"""A model's shape, read from a Hugging Face config.json (or torchvision constructor arguments).
+
+Parameter counts are computed from these shapes and must equal what transformers/torchvision count for the
+same config (tests/models check every preset against a meta-device instantiation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from gpuready.errors import InputError
+
+LM_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma2", "phi3", "deepseek_v2", "gpt2")
+VISION_TYPES = ("resnet", "vit")
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One linear layer inside a transformer block: its name as peft targets it, and its shape."""
+
+    name: str
+    in_features: int
+    out_features: int
+    bias: bool = False
+    count: int = 1  # identical copies per layer (MoE experts)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    kind: Literal["lm", "vision"]
+    model_type: str
+    source: str = ""
+    # language models (zeros for vision)
+    vocab: int = 0
+    hidden: int = 0
+    layers: int = 0
+    heads: int = 0
+    kv_heads: int = 0
+    head_dim: int = 0
+    intermediate: int = 0
+    tied: bool = False
+    gated_mlp: bool = True
+    norm: Literal["rms", "layer"] = "rms"
+    norms_per_layer: int = 2
+    qk_norm: bool = False
+    learned_positions: int = 0
+    sliding_window: int | None = None
+    sliding_layers: int = 0  # how many layers use the sliding window (gemma2: every other one)
+    logit_softcap: bool = False
+    # mixture of experts
+    experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate: int = 0
+    shared_intermediate: int = 0
+    dense_layers: int = 0  # leading layers with a dense MLP (deepseek first_k_dense_replace)
+    # multi-head latent attention (deepseek)
+    kv_lora_rank: int = 0
+    qk_rope_dim: int = 0
+    qk_nope_dim: int = 0
+    v_head_dim: int = 0
+    # vision
+    vision: dict[str, Any] = field(default_factory=dict)
+    # derived
+    params: int = 0
+    block_linears: tuple[Linear, ...] = ()  # per decoder layer (MoE layer for MoE models)
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def kv_bytes_per_token_per_layer_elems(self) -> int:
+        """Elements cached per token per layer (K and V). MLA: HF caches the decompressed K and V."""
+        if self.mla:
+            return self.heads * (self.qk_nope_dim + self.qk_rope_dim) + self.heads * self.v_head_dim
+        return 2 * self.kv_heads * self.head_dim
+
+
+def _get(cfg: dict[str, Any], *names: str, default: Any = None) -> Any:
+    for n in names:
+        if cfg.get(n) is not None:
+            return cfg[n]
+    return default
+
+
+def _req(cfg: dict[str, Any], *names: str) -> int:
+    value = _get(cfg, *names)
+    if value is None:
+        raise InputError("MODEL", f"config.json lacks {names[0]!r}; cannot size this model")
+    return int(value)
+
+
+def spec_from_config(cfg: dict[str, Any], name: str, source: str = "") -> ModelSpec:
+    """Turn a config dict (HF config.json or a torchvision preset) into a ModelSpec with its parameter count."""
+    mtype = str(cfg.get("model_type", "")).lower()
+    if mtype in VISION_TYPES:
+        from gpuready.models.vision import vision_spec
+
+        return vision_spec(cfg, name, source)  # type: ignore[no-any-return]
+    if mtype not in LM_TYPES:
+        # unknown decoder-only types with llama-like keys are sized as llama, and the assumption is reported
+        if not all(
+            k in cfg for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+        ):
+            allowed = ", ".join(LM_TYPES + VISION_TYPES)
+            raise InputError("MODEL", f"model_type {mtype!r} is not supported; supported: {allowed}")
+    if mtype == "gpt2":
+        h = _req(cfg, "n_embd", "hidden_size")
+        heads = _req(cfg, "n_head", "num_attention_heads")
+        spec = ModelSpec(
+            name=name,
+            kind="lm",
+            model_type=mtype,
+            source=source,
+            vocab=_req(cfg, "vocab_size"),
+            hidden=h,
+            layers=_req(cfg, "n_layer", "num_hidden_layers"),
+            heads=heads,
+            kv_heads=heads,
+            head_dim=h // heads,
+            intermediate=int(_get(cfg, "n_inner", default=None) or 4 * h),
+            tied=bool(cfg.get("tie_word_embeddings", True)),
+            gated_mlp=False,
+            norm="layer",
+            learned_positions=_req(cfg, "n_positions", "max_position_embeddings"),
+        )
+        return _with_params(spec)
+    h = _req(cfg, "hidden_size")
+    heads = _req(cfg, "num_attention_heads")
+    kv = int(_get(cfg, "num_key_value_heads", default=heads))
+    head_dim = int(_get(cfg, "head_dim", default=h // heads))
+    sliding = cfg.get("sliding_window")
+    if mtype in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
+        sliding = None
+    layers = _req(cfg, "num_hidden_layers")
+    sliding_layers = 0
+    if sliding:
+        sliding_layers = (layers + 1) // 2 if mtype == "gemma2" else layers
+    experts = int(_get(cfg, "num_local_experts", "n_routed_experts", "num_experts", default=0))
+    spec = ModelSpec(
+        name=name,
+        kind="lm",
+        model_type=mtype or "llama",
+        source=source,
+        vocab=_req(cfg, "vocab_size"),
+        hidden=h,
+        layers=layers,
+        heads=heads,
+        kv_heads=kv,
+        head_dim=head_dim,
+        intermediate=_req(cfg, "intermediate_size"),
+        tied=bool(cfg.get("tie_word_embeddings", mtype == "gemma2")),
+        norms_per_layer=4 if mtype == "gemma2" else 2,
+        qk_norm=mtype == "qwen3",
+        sliding_window=int(sliding) if sliding else None,
+        sliding_layers=sliding_layers,
+        logit_softcap=bool(cfg.get("final_logit_softcapping")),
+        experts=experts,
+        experts_per_token=int(_get(cfg, "num_experts_per_tok", default=0)),
+        moe_intermediate=int(_get(cfg, "moe_intermediate_size", default=0) or _get(cfg, "intermediate_size")),
+        shared_intermediate=int(_get(cfg, "moe_intermediate_size", default=0))
+        * int(_get(cfg, "n_shared_experts", default=0)),
+        dense_layers=int(_get(cfg, "first_k_dense_replace", default=0)) if experts else 0,
+        kv_lora_rank=int(_get(cfg, "kv_lora_rank", default=0)),
+        qk_rope_dim=int(_get(cfg, "qk_rope_head_dim", default=0)),
+        qk_nope_dim=int(_get(cfg, "qk_nope_head_dim", default=0)),
+        v_head_dim=int(_get(cfg, "v_head_dim", default=0)),
+    )
+    bias = {
+        "qkv": mtype == "qwen2" or bool(cfg.get("attention_bias", False)),
+        "o": bool(cfg.get("attention_bias", False)) and mtype != "qwen2",
+        "mlp": bool(cfg.get("mlp_bias", False)),
+    }
+    return _with_params(spec, bias)
+
+
+def block_linears(spec: ModelSpec, bias: dict[str, bool] | None = None) -> tuple[Linear, ...]:
+    """The linear layers of one decoder block, named as peft's target_modules name them."""
+    b = bias or {}
+    h, d, a, kv = spec.hidden, spec.head_dim, spec.heads, spec.kv_heads
+    if spec.model_type == "gpt2":
+        return (
+            Linear("c_attn", h, 3 * h, True),
+            Linear("c_proj", h, h, True),
+            Linear("c_fc", h, spec.intermediate, True),
+            Linear("mlp.c_proj", spec.intermediate, h, True),
+        )
+    attn: tuple[Linear, ...]
+    if spec.mla:
+        attn = (
+            Linear("q_proj", h, a * (spec.qk_nope_dim + spec.qk_rope_dim)),
+            Linear("kv_a_proj_with_mqa", h, spec.kv_lora_rank + spec.qk_rope_dim),
+            Linear("kv_b_proj", spec.kv_lora_rank, a * (spec.qk_nope_dim + spec.v_head_dim)),
+            Linear("o_proj", a * spec.v_head_dim, h),
+        )
+    elif spec.model_type == "phi3":
+        attn = (Linear("qkv_proj", h, (a + 2 * kv) * d), Linear("o_proj", a * d, h))
+    else:
+        qkv = b.get("qkv", False)
+        attn = (
+            Linear("q_proj", h, a * d, qkv),
+            Linear("k_proj", h, kv * d, qkv),
+            Linear("v_proj", h, kv * d, qkv),
+            Linear("o_proj", a * d, h, b.get("o", False)),
+        )
+    mb = b.get("mlp", False)
+    if spec.model_type == "phi3":
+        return (
+            *attn,
+            Linear("gate_up_proj", h, 2 * spec.intermediate),
+            Linear("down_proj", spec.intermediate, h),
+        )
+    if spec.experts:
+        i = spec.moe_intermediate
+        mlp: tuple[Linear, ...] = (
+            Linear("gate_proj", h, i, mb, spec.experts),
+            Linear("up_proj", h, i, mb, spec.experts),
+            Linear("down_proj", i, h, mb, spec.experts),
+        )
+        if spec.shared_intermediate:
+            s = spec.shared_intermediate
+            mlp += (
+                Linear("shared_experts.gate_proj", h, s),
+                Linear("shared_experts.up_proj", h, s),
+                Linear("shared_experts.down_proj", s, h),
+            )
+        return attn + mlp
+    i = spec.intermediate
+    return (*attn, Linear("gate_proj", h, i, mb), Linear("up_proj", h, i, mb), Linear("down_proj", i, h, mb))
+
+
+def _linear_params(lins: tuple[Linear, ...]) -> int:
+    return sum(
+        (lin.in_features * lin.out_features + (lin.out_features if lin.bias else 0)) * lin.count
+        for lin in lins
+    )
+
+
+def _with_params(spec: ModelSpec, bias: dict[str, bool] | None = None) -> ModelSpec:
+    lins = block_linears(spec, bias)
+    h = spec.hidden
+    norm_params = h * (2 if spec.norm == "layer" else 1)
+    per_layer = _linear_params(lins) + spec.norms_per_layer * norm_params
+    if spec.qk_norm:
+        per_layer += 2 * spec.head_dim
+    if spec.mla:
+        per_layer += spec.kv_lora_rank  # kv_a_layernorm
+    total_layers = per_layer * spec.layers
+    if spec.experts:
+        total_layers += spec.layers * h * spec.experts  # router
+        if spec.dense_layers:
+            dense = 3 * h * spec.intermediate
+            moe = sum(
+                lin.in_features * lin.out_features * lin.count
+                for lin in lins
+                if lin.name.endswith(("gate_proj", "up_proj", "down_proj"))
+            )
+            total_layers += spec.dense_layers * (dense - moe - h * spec.experts)
+    embed = spec.vocab * h
+    params = total_layers + embed + norm_params + spec.learned_positions * h
+    if not spec.tied:
+        params += embed
+    return _replace(spec, params=params, block_linears=lins)
+
+
+def _replace(spec: ModelSpec, **changes: Any) -> ModelSpec:
+    from dataclasses import replace
+
+    return replace(spec, **changes)

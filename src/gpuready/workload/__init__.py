@@ -1,0 +1,10 @@
+"""The task definition shared by estimate, plan, trial and check (CONTRACT.md, "The workload")."""
+
+from gpuready.workload.spec import (
+    FIELDS,
+    Workload,
+    load_workload_file,
+    make_workload,
+)
+
+__all__ = ["FIELDS", "Workload", "load_workload_file", "make_workload"]

@@ -1,0 +1,128 @@
+"""The workload: model, task, method, shapes, precision, optimizer, parallelism.
+
+Field names are the CONTRACT.md flags with dashes turned into underscores; a TOML workload file uses the
+same names (either spelling). Validation errors become one-line `InputError`s naming the flag.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gpuready.errors import InputError
+
+Task = Literal["train", "infer"]
+Method = Literal["full", "lora", "qlora"]
+Precision = Literal["bf16", "fp16", "fp32", "mixed"]
+Optim = Literal["adamw", "adamw8bit", "sgd", "adafactor"]
+Attn = Literal["sdpa", "eager", "flash"]
+Shard = Literal["none", "ddp", "fsdp", "zero1", "zero2", "zero3"]
+
+
+class Workload(BaseModel):
+    """One job, as CONTRACT.md defines it. Immutable; use `model_copy(update=...)` for variants."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str = Field(min_length=1)
+    task: Task = "train"
+    method: Method = "full"
+    batch: int = Field(default=1, ge=1, le=1_000_000)
+    seq: int = Field(default=2048, ge=1, le=10_000_000)
+    new_tokens: int = Field(default=0, ge=0, le=10_000_000)
+    image_size: int = Field(default=224, ge=16, le=16384)
+    precision: Precision = "bf16"
+    optim: Optim = "adamw"
+    grad_ckpt: bool = False
+    grad_accum: int = Field(default=1, ge=1, le=1_000_000)
+    lora_r: int = Field(default=16, ge=1, le=65536)
+    lora_targets: tuple[str, ...] | None = None
+    attn: Attn = "sdpa"
+    gpus: int = Field(default=1, ge=1, le=4096)
+    shard: Shard = "none"
+
+    @field_validator("lora_targets", mode="before")
+    @classmethod
+    def _split_targets(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            parts = tuple(p.strip() for p in value.split(",") if p.strip())
+            return parts or None
+        if isinstance(value, list):
+            return tuple(value)
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Workload:
+        if self.task == "infer" and self.method != "full":
+            raise ValueError("method: LoRA/QLoRA are training methods; use --task train or drop --method")
+        if self.shard != "none" and self.gpus < 2:
+            raise ValueError(f"shard: --shard {self.shard} needs --gpus 2 or more")
+        return self
+
+    @property
+    def training(self) -> bool:
+        return self.task == "train"
+
+
+FIELDS: tuple[str, ...] = tuple(Workload.model_fields)
+
+_ALLOWED_HINT = {
+    "batch": "an integer ≥ 1",
+    "seq": "an integer ≥ 1",
+    "new_tokens": "an integer ≥ 0",
+    "image_size": "an integer from 16 to 16384",
+    "grad_accum": "an integer ≥ 1",
+    "lora_r": "an integer ≥ 1",
+    "gpus": "an integer ≥ 1",
+    "grad_ckpt": "true or false",
+    "model": "a preset name, hub id, config.json or model folder",
+    "lora_targets": "comma-separated module names, e.g. q_proj,v_proj",
+}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def make_workload(**fields: Any) -> Workload:
+    """Build a Workload, turning pydantic's errors into one `InputError` naming the flag and what is allowed."""
+    clean = {k.replace("-", "_"): v for k, v in fields.items() if v is not None}
+    unknown = sorted(set(clean) - set(FIELDS))
+    if unknown:
+        raise InputError(unknown[0], f"unknown workload field; allowed: {', '.join(FIELDS)}")
+    try:
+        return Workload(**clean)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = [str(p) for p in err.get("loc", ())]
+        name = loc[0] if loc else ""
+        if not name:
+            # a model-level rule; its message starts with the field name
+            msg = str(err.get("msg", "")).removeprefix("Value error, ")
+            field, _, rest = msg.partition(": ")
+            raise InputError(_flag(field), rest or msg) from None
+        allowed = _ALLOWED_HINT.get(name)
+        ctx = err.get("ctx") or {}
+        if "expected" in ctx:
+            allowed = f"one of {ctx['expected']}"
+        got = err.get("input")
+        raise InputError(_flag(name), f"got {got!r}; allowed: {allowed or err.get('msg')}") from None
+
+
+def load_workload_file(path: str | Path) -> dict[str, Any]:
+    """Read a TOML workload file (same field names as the flags; `[workload]` table optional)."""
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise InputError("--workload", f"{p}: no such file") from None
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise InputError("--workload", f"{p}: not readable TOML ({exc})") from None
+    table = data.get("workload", data)
+    if not isinstance(table, dict):
+        raise InputError("--workload", f"{p}: [workload] must be a table")
+    return {str(k).replace("-", "_"): v for k, v in table.items()}
