@@ -1,0 +1,40 @@
+"""What an estimate returns (CONTRACT.md `gpuready estimate --json`), shared by the arithmetic and traced modes."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Peak GPU memory of one job, per GPU.
+
+    peak_allocated_bytes: live tensors at the peak (torch.cuda.max_memory_allocated).
+    peak_reserved_bytes: what the caching allocator holds from the device (max_memory_reserved).
+    peak_device_bytes: reserved + CUDA context and library workspaces (what nvidia-smi shows).
+    breakdown: component name -> bytes live at the peak; the components add up to peak_allocated_bytes.
+    """
+
+    model: str
+    params: int
+    trainable_params: int
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    peak_device_bytes: int
+    phase: str
+    breakdown: dict[str, int]
+    assumptions: list[str]
+    mode: str = "arithmetic"  # or "trace"
+    gpu_memory_bytes: int | None = None
+    fits: bool | None = None
+    headroom_bytes: int | None = None
+    max_batch: int | None = None
+    phases: dict[str, int] = field(default_factory=dict)  # phase -> peak allocated in that phase
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        if self.gpu_memory_bytes is None:
+            for key in ("gpu_memory_bytes", "fits", "headroom_bytes", "max_batch"):
+                data.pop(key)
+        return data
