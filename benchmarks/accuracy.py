@@ -60,9 +60,6 @@ def main(argv: list[str]) -> int:
         except GpureadyError as exc:
             skipped.append(f"{row['id']} ({exc})")
             continue
-        if w.gpus > 1:
-            skipped.append(f"{row['id']} (--gpus {w.gpus}: multi-GPU sharding is not modelled yet)")
-            continue
         est = estimate(w)
         mr, ma = float(row["peak_reserved_bytes"]), float(row["peak_allocated_bytes"])  # type: ignore[arg-type]
         er, ea = pct(est.peak_reserved_bytes, mr), pct(est.peak_allocated_bytes, ma)

@@ -194,3 +194,28 @@ def test_calibration_rows_stay_within_the_issue_targets() -> None:
     assert len(errors) >= 15
     assert statistics.median(abs(e) for e in errors) <= 0.05
     assert min(errors) >= -0.15  # resnet50's reserve is the known weak spot; see docs/accuracy.md
+
+
+def test_fsdp_shards_parameters_gradients_and_optimizer_states() -> None:
+    one = est(model="llama-3.1-8b", batch=1, seq=512)
+    two = est(model="llama-3.1-8b", batch=1, seq=512, gpus=2, shard="fsdp")
+    assert two.phase == one.phase == "optimizer step"
+    assert two.breakdown["optimizer_states"] == pytest.approx(one.breakdown["optimizer_states"] / 2, rel=1e-3)
+    assert two.breakdown["weights"] == pytest.approx(one.breakdown["weights"] / 2, rel=1e-3)
+    four = est(model="llama-3.1-8b", batch=1, seq=512, gpus=4, shard="fsdp")
+    assert four.peak_allocated_bytes < two.peak_allocated_bytes
+
+
+def test_ddp_adds_gradient_buckets_to_a_full_replica() -> None:
+    one = est(model="llama-3.2-1b", batch=1, seq=512)
+    ddp = est(model="llama-3.2-1b", batch=1, seq=512, gpus=2, shard="ddp")
+    assert ddp.breakdown["ddp_gradient_buckets"] == pytest.approx(1_235_814_400 * 2, rel=1e-3)
+    assert ddp.peak_allocated_bytes > one.peak_allocated_bytes
+
+
+@pytest.mark.parametrize("shard", ["zero1", "zero2", "zero3"])
+def test_deepspeed_zero_is_refused_rather_than_guessed(shard: str) -> None:
+    from gpuready.errors import InputError
+
+    with pytest.raises(InputError, match="--shard"):
+        est(model="llama-3.2-1b", gpus=2, shard=shard)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
+from gpuready.errors import InputError
 from gpuready.memory.allocator import replay
 from gpuready.memory.program import Program
 from gpuready.memory.result import MemoryEstimate
@@ -34,8 +35,14 @@ class _Run:
 
 def _run(spec: ModelSpec, w: Workload) -> _Run:
     prog = _program(spec, w)
-    stats = replay(prog.events)
-    return _Run(prog.peak_allocated, stats.peak_reserved_bytes, dict(prog.phase_peaks), prog.phase_breakdowns)
+    if prog.side_stream:
+        # the caching allocator keeps blocks per CUDA stream: FSDP2's all-gather outputs live on their own
+        # stream, so their cache cannot serve the compute stream (and the reverse); replay each pool apart
+        main, side = prog.split_streams()
+        reserved = replay(main).peak_reserved_bytes + replay(side).peak_reserved_bytes
+    else:
+        reserved = replay(prog.events).peak_reserved_bytes
+    return _Run(prog.peak_allocated, reserved, dict(prog.phase_peaks), prog.phase_breakdowns)
 
 
 def _program(spec: ModelSpec, w: Workload) -> Program:
@@ -58,6 +65,15 @@ def _core(spec: ModelSpec, w: Workload) -> tuple[int, int, str, dict[str, int]]:
     run = _run(spec, w)
     phase = max(run.phase_peaks, key=lambda p: run.phase_peaks[p])
     return run.peak_allocated, max(run.peak_reserved, run.peak_allocated), phase, run.phase_breakdowns[phase]
+
+
+def _check_supported(spec: ModelSpec, w: Workload) -> None:
+    if w.shard in ("zero1", "zero2", "zero3"):
+        raise InputError("--shard", f"{w.shard} (DeepSpeed) is not modelled yet; allowed here: none, ddp, fsdp")
+    if spec.kind == "vision" and w.shard == "fsdp":
+        raise InputError("--shard", "fsdp is modelled for language models; use ddp or none for vision models")
+    if w.task == "infer" and w.shard != "none":
+        raise InputError("--shard", "inference is modelled on one GPU; drop --shard")
 
 
 def device_overhead_bytes(w: Workload) -> int:
@@ -85,6 +101,7 @@ def estimate(
 ) -> MemoryEstimate:
     """Peak memory per GPU of `workload`; with `gpu_memory_bytes`, whether it fits and the largest batch."""
     spec = spec or resolve_model(workload.model)
+    _check_supported(spec, workload)
     allocated, reserved, phase, breakdown = _core(spec, workload)
     overhead = device_overhead_bytes(workload)
     breakdown = dict(sorted(breakdown.items(), key=lambda kv: -kv[1]))
@@ -180,6 +197,13 @@ def assumptions(spec: ModelSpec, w: Workload) -> list[str]:
         out.append("mixed: fp32 weights, gradients and optimizer states; bf16 autocast copies of weights")
     if w.training:
         out.append(f"optimizer {w.optim} with PyTorch's default implementation (foreach on CUDA)")
-    if w.gpus > 1:
-        out.append(f"--gpus {w.gpus} --shard {w.shard}: not modelled yet; figures are for one GPU without sharding")
+    if w.shard == "fsdp":
+        out.append(
+            f"FSDP2 over {w.gpus} GPUs: parameters, gradients and optimizer states sharded; each layer "
+            "gathered for its forward and backward (next one prefetched); the root stays gathered"
+        )
+    elif w.shard == "ddp":
+        out.append(f"DDP over {w.gpus} GPUs: a full replica per GPU plus gradient buckets (a gradient-sized copy)")
+    elif w.gpus > 1:
+        out.append(f"--gpus {w.gpus} without --shard: each GPU runs its own copy; figures are per GPU")
     return out

@@ -36,6 +36,7 @@ class Ctx:
     lora: frozenset[str]  # linear names that carry a LoRA adapter
     backend: str  # attention kernel: flash, efficient, math, eager
     mask: bool  # an explicit attention mask is built (sliding window shorter than the sequence)
+    shards: int = 1  # FSDP: parameters, gradients and optimizer states are split over this many GPUs
 
 
 def lora_targets(spec: ModelSpec, w: Workload) -> frozenset[str]:
@@ -70,7 +71,8 @@ def make_ctx(spec: ModelSpec, w: Workload) -> Ctx:
     dt = dtypes_for(w)
     tokens = w.batch * w.seq
     backend, mask = attention_backend(spec, w, dt, w.seq)
-    return Ctx(spec, w, dt, tokens, w.method == "full", lora_targets(spec, w), backend, mask)
+    shards = w.gpus if w.shard == "fsdp" else 1
+    return Ctx(spec, w, dt, tokens, w.method == "full", lora_targets(spec, w), backend, mask, shards)
 
 
 # ---------------------------------------------------------------------------------------------- weights
@@ -89,9 +91,10 @@ def load_weights(prog: Program, ctx: Ctx) -> tuple[list[Trainable], int]:
     h = spec.hidden
 
     def param(nbytes: int, numel: int, trains: bool, cat: str = "weights") -> None:
-        prog.alloc(cat, nbytes)
+        n = ctx.shards  # FSDP keeps 1/n of every parameter (a DTensor shard) on each GPU
+        prog.alloc(cat, -(-nbytes // n))
         if trains:
-            trainable.append(Trainable(numel, p if cat == "weights" else 4))
+            trainable.append(Trainable(-(-numel // n), p if cat == "weights" else 4))
 
     param(spec.vocab * h * p, spec.vocab * h, ctx.full)
     if spec.learned_positions:
@@ -378,7 +381,7 @@ def block_nograd(
     return x3, kept
 
 
-def block_backward(prog: Program, saved: list[Saved], grads: list[int], accumulate: bool) -> None:
+def block_backward(prog: Program, saved: list[Saved], grads: list[int], accumulate: bool, shards: int = 1) -> None:
     """Walk one layer's saved tensors in reverse: each node allocates its input gradient, then frees what it
     kept and the gradient it consumed; weight gradients appear at their linear (with gradient accumulation
     after the first micro-batch the new gradient is added into .grad and freed)."""
@@ -386,6 +389,9 @@ def block_backward(prog: Program, saved: list[Saved], grads: list[int], accumula
     for node in reversed(saved):
         for g in node.param_grads:
             handle = prog.alloc("gradients", g)
+            if shards > 1:  # FSDP reduce-scatters the full gradient into this GPU's shard
+                full, handle = handle, prog.alloc("gradients", -(-g // shards))
+                prog.free(full)
             if accumulate:
                 prog.free(handle)
             else:
@@ -443,9 +449,16 @@ def train_program(spec: ModelSpec, w: Workload) -> Program:
     """Three optimizer steps (states appear in the first), each of grad_accum micro-batches (at most two are
     simulated: the second already has the first's gradients alive)."""
     ctx = make_ctx(spec, w)
-    prog = Program()
+    prog = Program(side_stream=frozenset({"fsdp_gathered_params"}) if ctx.shards > 1 else frozenset())
     trainable, cast_bytes = load_weights(prog, ctx)
     h, T, e, r = spec.hidden, ctx.tokens, ctx.dt.act, ctx.dt.resid
+    fsdp = ctx.shards > 1
+    layer_bytes = (cast_bytes // 2 // max(spec.layers, 1)) * ctx.dt.param + spec.norms_per_layer * h * ctx.dt.param
+    root_bytes = spec.vocab * h * ctx.dt.param * (1 if spec.tied else 2) + h * ctx.dt.param
+    if w.shard == "ddp" and trainable:
+        # DistributedDataParallel's gradient buckets (gradient_as_bucket_view=False): a second copy of every
+        # gradient, allocated when the model is wrapped (torch/nn/parallel/distributed.py, Reducer)
+        prog.alloc("ddp_gradient_buckets", sum(t.nbytes for t in trainable))
     state: list[int] | None = None
     for _step in range(3):
         grads: list[int] = []
@@ -454,10 +467,19 @@ def train_program(spec: ModelSpec, w: Workload) -> Program:
             prog.set_phase("forward")
             # autocast caches a bf16 copy of each weight for the duration of the autocast region
             casts = prog.alloc("autocast_weight_copies", cast_bytes) if ctx.dt.autocast else 0
+            # FSDP2: the root (embeddings, final norm, lm_head) stays gathered from forward to backward; each
+            # layer is all-gathered for its forward (the next one prefetched) and resharded after it
+            root = prog.alloc("fsdp_gathered_params", root_bytes) if fsdp else 0
+            gathered = [prog.alloc("fsdp_gathered_params", layer_bytes)] if fsdp else []
             x = prog.alloc("activations", T * h * r)  # embedding output, the residual stream
             per_layer: list[list[Saved]] = []
             ckpt_inputs: list[int] = []
             for layer in range(spec.layers):
+                if fsdp:
+                    if layer + 1 < spec.layers:
+                        gathered.append(prog.alloc("fsdp_gathered_params", layer_bytes))
+                    if layer > 0:
+                        prog.free(gathered.pop(0))
                 if w.grad_ckpt:
                     # non-reentrant checkpointing keeps each layer's input and recomputes the rest in backward
                     ckpt_inputs.append(x)
@@ -473,6 +495,9 @@ def train_program(spec: ModelSpec, w: Workload) -> Program:
             g = logits_and_loss_backward(prog, ctx, kept)
             if ctx.full:
                 lm_head = prog.alloc("gradients", spec.vocab * h * ctx.dt.param)
+                if fsdp:
+                    full_grad, lm_head = lm_head, prog.alloc("gradients", spec.vocab * h * ctx.dt.param // ctx.shards)
+                    prog.free(full_grad)
                 if accumulate:
                     prog.free(lm_head)
                 else:
@@ -481,14 +506,23 @@ def train_program(spec: ModelSpec, w: Workload) -> Program:
             prog.free(g)
             prog.free_all(final)
             prog.free(x)
+            prog.free_all(gathered)
+            gathered = [prog.alloc("fsdp_gathered_params", layer_bytes)] if fsdp else []
             for layer in reversed(range(spec.layers)):
+                if fsdp:
+                    if layer > 0:
+                        gathered.append(prog.alloc("fsdp_gathered_params", layer_bytes))
+                    if layer < spec.layers - 1:
+                        prog.free(gathered.pop(0))
                 saved = per_layer[layer]
                 if w.grad_ckpt:
                     saved = block_forward(prog, ctx, layer, keep=True)  # recomputed for its backward
-                block_backward(prog, saved, grads, accumulate)
+                block_backward(prog, saved, grads, accumulate, ctx.shards)
                 if w.grad_ckpt:
                     prog.free(ckpt_inputs[layer])
             prog.free(dx)
+            prog.free_all(gathered)
+            prog.free(root)
             if ctx.full:
                 # embedding_dense_backward builds a full vocab x hidden gradient; with tied embeddings it is
                 # added into the lm_head's .grad and freed

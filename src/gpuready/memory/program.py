@@ -30,8 +30,10 @@ class Program:
     peak_phase: str = "load"
     phase_peaks: dict[str, int] = field(default_factory=dict)
     phase_breakdowns: dict[str, dict[str, int]] = field(default_factory=dict)
+    side_stream: frozenset[str] = frozenset()  # categories allocated on another CUDA stream
     _by_cat: dict[str, int] = field(default_factory=dict)
     _next: int = 0
+    _cats: dict[int, str] = field(default_factory=dict)
 
     def set_phase(self, name: str) -> None:
         self.phase = name
@@ -44,6 +46,8 @@ class Program:
         self._next += 1
         handle = self._next
         self.events.append(size)
+        if self.side_stream:
+            self._cats[handle] = category
         self.live[handle] = (category, size)
         self.allocated += size
         self._by_cat[category] = self._by_cat.get(category, 0) + size
@@ -70,3 +74,22 @@ class Program:
     def transient(self, category: str, *sizes: int) -> None:
         """Tensors that live together for a moment and are freed (e.g. an op's output and its temporaries)."""
         self.free_all([self.alloc(category, s) for s in sizes])
+
+    def split_streams(self) -> tuple[list[int], list[int]]:
+        """The events of the main stream and of the side stream, each renumbered for its own replay."""
+        streams: tuple[list[int], list[int]] = ([], [])
+        where: dict[int, tuple[int, int]] = {}  # handle -> (stream, id within the stream)
+        counts = [0, 0]
+        cats = self._cats
+        handle = 0
+        for ev in self.events:
+            if ev > 0:
+                handle += 1
+                s = 1 if cats[handle] in self.side_stream else 0
+                counts[s] += 1
+                where[handle] = (s, counts[s])
+                streams[s].append(ev)
+            else:
+                s, i = where[-ev]
+                streams[s].append(-i)
+        return streams
