@@ -219,3 +219,21 @@ def test_deepspeed_zero_is_refused_rather_than_guessed(shard: str) -> None:
 
     with pytest.raises(InputError, match="--shard"):
         est(model="llama-3.2-1b", gpus=2, shard=shard)
+
+
+def test_autocast_keeps_bf16_copies_of_the_linear_weights_through_backward() -> None:
+    e = est(model="llama-3.2-1b", batch=4, seq=2048, precision="mixed")
+    assert e.phase == "backward"
+    spec = resolve_model("llama-3.2-1b")
+    linear = sum(lin.in_features * lin.out_features for lin in spec.block_linears) * spec.layers
+    assert e.breakdown["autocast_weight_copies"] == pytest.approx(2 * linear, rel=1e-3)
+
+
+def test_qlora_dequantizes_one_weight_at_a_time() -> None:
+    from gpuready.memory.estimate import _program
+
+    w = make_workload(model="llama-3.2-1b", method="qlora", batch=1, seq=256)
+    events = _program(resolve_model("llama-3.2-1b"), w).events
+    lora = _program(resolve_model("llama-3.2-1b"), w.model_copy(update={"method": "lora"})).events
+    mlp_bf16 = 8192 * 2048 * 2  # one dequantized MLP matrix of llama-3.2-1b
+    assert events.count(mlp_bf16) > lora.count(mlp_bf16)

@@ -195,6 +195,9 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
         """What a linear keeps of its input: the input when the weight trains (once per shared input; autocast
         makes and keeps a bf16 copy per call), and peft's fp32 copy of the input for an adapter."""
         w_grad = (lin.in_features * lin.out_features * lin.count * dt.param,) if full else ()
+        if ctx.w.method == "qlora":
+            # bitsandbytes MatMul4Bit dequantizes the NF4 weight to the compute dtype for each matmul
+            prog.transient("quantization_temporaries", lin.in_features * lin.out_features * e)
         if full and (dt.autocast or not shared):
             save(T * width * e, 0, w_grad)
         elif full:
