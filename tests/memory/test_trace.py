@@ -20,7 +20,7 @@ TINY = {
     "vocab_size": 1000,
     "tie_word_embeddings": False,
 }
-# embed 64k + 2 layers x (q 4096 + k 2048 + v 2048 + o 4096 + mlp 3 x 8192 + 2 norms x 64) + norm 64 + head 64k
+# embed 64k + 2 layers x (q 4096, k 2048, v 2048, o 4096, mlp 3 x 8192, 2 norms x 64) + norm 64 + head 64k
 TINY_PARAMS = 64_000 + 2 * (4096 + 2048 + 2048 + 4096 + 3 * 8192 + 128) + 64 + 64_000
 
 
@@ -33,7 +33,8 @@ def tiny(tmp_path: Path) -> str:
 
 def test_cuda_kernel_choice_follows_sdp_utils() -> None:
     assert cuda_sdpa_kernel(dtype_is_half=True, head_dim=128, has_mask=False, gqa=True) == "flash"
-    assert cuda_sdpa_kernel(dtype_is_half=False, head_dim=64, has_mask=False, gqa=False, fp32=True) == "efficient"
+    fp32 = cuda_sdpa_kernel(dtype_is_half=False, head_dim=64, has_mask=False, gqa=False, fp32=True)
+    assert fp32 == "efficient"
     assert cuda_sdpa_kernel(dtype_is_half=True, head_dim=128, has_mask=True, gqa=False) == "efficient"
     assert cuda_sdpa_kernel(dtype_is_half=False, head_dim=128, has_mask=False, gqa=True, fp32=True) == "math"
     assert cuda_sdpa_kernel(dtype_is_half=True, head_dim=512, has_mask=False, gqa=True) == "math"
