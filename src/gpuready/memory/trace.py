@@ -221,6 +221,13 @@ def _cuda_sdpa(torch: Any) -> Callable[..., Any]:
         scale: Any = None,
         enable_gqa: bool = False,
     ) -> Any:
+        if torch.is_autocast_enabled("cpu"):
+            # CUDA autocast runs SDPA in the lower precision (autocast_mode.cpp lower_precision_fp list):
+            # its inputs are cast there, e.g. llama's q and k, which RoPE turns fp32 under mixed precision
+            low = torch.get_autocast_dtype("cpu")
+            query, key, value = (t.to(low) if t.is_floating_point() else t for t in (query, key, value))
+            if attn_mask is not None and attn_mask.is_floating_point():
+                attn_mask = attn_mask.to(low)
         half = query.dtype in (torch.float16, torch.bfloat16)
         gqa = enable_gqa and key.shape[-3] != query.shape[-3]
         kernel = cuda_sdpa_kernel(
