@@ -98,3 +98,16 @@ def test_sharded_jobs_are_refused() -> None:
 
     with pytest.raises(InputError):
         trace_estimate(make_workload(model="gpt2", gpus=2, shard="ddp"))
+
+
+@pytest.mark.torch
+def test_fit_against_a_gpu_size(tiny: str) -> None:
+    pytest.importorskip("transformers")
+    from gpuready.memory.trace import trace_estimate
+
+    w = make_workload(model=tiny, batch=1, seq=16)
+    roomy = trace_estimate(w, gpu_memory_bytes=80 * 2**30)
+    assert roomy.fits is True
+    assert roomy.headroom_bytes == 80 * 2**30 - roomy.peak_device_bytes
+    tight = trace_estimate(w, gpu_memory_bytes=2**20)
+    assert tight.fits is False

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuready.errors import GpureadyError, InputError
-from gpuready.memory.allocator import MIB, CachingAllocator, round_size
+from gpuready.memory.allocator import MIB, AllocatorOutOfMemory, CachingAllocator, round_size
 from gpuready.memory.result import MemoryEstimate
 from gpuready.models import find_preset
 from gpuready.workload import Workload
@@ -676,7 +676,7 @@ def trace_estimate(workload: Workload, gpu_memory_bytes: int | None = None) -> M
             # the allocator releases cached segments before it gives up: replay against the capacity
             try:
                 capped = _replay(trace, capacity)
-            except Exception:  # AllocatorOutOfMemory: it does not fit
+            except AllocatorOutOfMemory:
                 capped = None
             if capped is not None:
                 fits = True
