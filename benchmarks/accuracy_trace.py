@@ -54,9 +54,7 @@ def main() -> None:
     rows = [json.loads(line) for line in Path(opts.calibration).read_text().splitlines() if line.strip()]
     err_res: list[float] = []
     err_all: list[float] = []
-    print(
-        "| job | measured reserved GiB | traced reserved GiB | error reserved | error allocated | phase | s |"
-    )
+    print("| job | measured reserved GiB | traced reserved GiB | error reserved | error allocated | phase | s |")
     print("|---|---:|---:|---:|---:|---|---:|")
     skipped: list[str] = []
     for row in rows:

@@ -59,7 +59,7 @@ def estimate_cmd(
             raise InputError("--gpu-memory", "must be more than 0")
     if trace:
         try:
-            from gpuready.memory.trace import trace_estimate  # type: ignore[import-not-found,unused-ignore]
+            from gpuready.memory.trace import trace_estimate
         except ImportError as exc:
             raise InputError("--trace", f"needs the trace extra: pip install 'gpuready[trace]' ({exc})") from None
         result = trace_estimate(workload, capacity)

@@ -56,7 +56,7 @@ def _program(spec: ModelSpec, w: Workload) -> Program:
 
 
 @functools.lru_cache(maxsize=4096)
-def _core(spec: ModelSpec, w: Workload) -> tuple[int, int, str, dict[str, int]]:
+def _core(spec: ModelSpec, w: Workload) -> tuple[int, int, str, dict[str, int], dict[str, int]]:
     """(peak allocated, peak reserved, phase, breakdown at the peak) for one GPU.
 
     The whole program is simulated at the model's real depth: the allocator's reserve does not grow linearly
@@ -64,7 +64,8 @@ def _core(spec: ModelSpec, w: Workload) -> tuple[int, int, str, dict[str, int]]:
     model under-reserves by up to 10% (llama-3.2-1b, batch 1)."""
     run = _run(spec, w)
     phase = max(run.phase_peaks, key=lambda p: run.phase_peaks[p])
-    return run.peak_allocated, max(run.peak_reserved, run.peak_allocated), phase, run.phase_breakdowns[phase]
+    reserved = max(run.peak_reserved, run.peak_allocated)
+    return run.peak_allocated, reserved, phase, run.phase_breakdowns[phase], run.phase_peaks
 
 
 def _check_supported(spec: ModelSpec, w: Workload) -> None:
@@ -102,7 +103,7 @@ def estimate(
     """Peak memory per GPU of `workload`; with `gpu_memory_bytes`, whether it fits and the largest batch."""
     spec = spec or resolve_model(workload.model)
     _check_supported(spec, workload)
-    allocated, reserved, phase, breakdown = _core(spec, workload)
+    allocated, reserved, phase, breakdown, phases = _core(spec, workload)
     overhead = device_overhead_bytes(workload)
     breakdown = dict(sorted(breakdown.items(), key=lambda kv: -kv[1]))
     result = MemoryEstimate(
@@ -115,6 +116,7 @@ def estimate(
         phase=phase,
         breakdown=breakdown,
         assumptions=assumptions(spec, workload),
+        phases=dict(phases),
     )
     if gpu_memory_bytes is None:
         return result
@@ -136,7 +138,7 @@ def estimate(
 
 
 def peak_device_for_batch(spec: ModelSpec, w: Workload, batch: int) -> int:
-    _, reserved, _, _ = _core(spec, w.model_copy(update={"batch": batch}))
+    reserved = _core(spec, w.model_copy(update={"batch": batch}))[1]
     return reserved + device_overhead_bytes(w)
 
 

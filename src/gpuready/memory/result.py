@@ -30,6 +30,7 @@ class MemoryEstimate:
     fits: bool | None = None
     headroom_bytes: int | None = None
     max_batch: int | None = None
+    phases: dict[str, int] = field(default_factory=dict)  # phase -> peak allocated in that phase
     mitigations: list[dict[str, Any]] = field(default_factory=list)  # when it does not fit: what would
 
     def to_json(self) -> dict[str, Any]:

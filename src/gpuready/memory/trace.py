@@ -158,9 +158,7 @@ def _recorder(torch: Any, trace: Trace) -> Any:
 
 
 # -- attention as CUDA would run it ----------------------------------------------------------------------
-def cuda_sdpa_kernel(
-    dtype_is_half: bool, head_dim: int, has_mask: bool, gqa: bool, fp32: bool = False
-) -> str:
+def cuda_sdpa_kernel(dtype_is_half: bool, head_dim: int, has_mask: bool, gqa: bool, fp32: bool = False) -> str:
     """Which SDPA backend CUDA picks on sm90 with torch's default priority (flash, efficient, math).
 
     Rules from aten/src/ATen/native/transformers/cuda/sdp_utils.cpp: flash needs fp16/bf16, no explicit
@@ -230,16 +228,12 @@ def _cuda_sdpa(torch: Any) -> Callable[..., Any]:
                 attn_mask = attn_mask.to(low)
         half = query.dtype in (torch.float16, torch.bfloat16)
         gqa = enable_gqa and key.shape[-3] != query.shape[-3]
-        kernel = cuda_sdpa_kernel(
-            half, query.shape[-1], attn_mask is not None, gqa, fp32=query.dtype == torch.float32
-        )
+        kernel = cuda_sdpa_kernel(half, query.shape[-1], attn_mask is not None, gqa, fp32=query.dtype == torch.float32)
         if kernel == "math" or query.dim() != 4:
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
             with sdpa_kernel([SDPBackend.MATH]):
-                return original(
-                    query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
-                )
+                return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
         length = query.shape[-2]
         lse_len = length if kernel == "flash" else math.ceil(length / 32) * 32
         return FusedAttention.apply(query, key, value, lse_len)
@@ -361,9 +355,7 @@ def _torchvision_models() -> Any:
     try:
         from torchvision.models import resnet, vision_transformer  # noqa: F401
     except Exception as exc:
-        raise TraceUnavailable(
-            f"torchvision does not import here ({exc}); vision models cannot be traced"
-        ) from None
+        raise TraceUnavailable(f"torchvision does not import here ({exc}); vision models cannot be traced") from None
     import torchvision.models as models
 
     return models
@@ -432,9 +424,7 @@ def run_trace(w: Workload, decode_steps: int = DECODE_STEPS_TRACED) -> _Job:
     return _Job(trace, params, trainable if w.training else 0, notes)
 
 
-def _train(
-    torch: Any, model: Any, w: Workload, trace: Trace, recorder: Any, vision: bool, cfg: dict[str, Any]
-) -> None:
+def _train(torch: Any, model: Any, w: Workload, trace: Trace, recorder: Any, vision: bool, cfg: dict[str, Any]) -> None:
     trace.mark("load", "other")
     trainable = [p for p in model.parameters() if p.requires_grad]
     if w.optim == "sgd":
@@ -500,9 +490,7 @@ def _infer(torch: Any, model: Any, w: Workload, trace: Trace, recorder: Any, dec
         for i in range(steps):
             trace.mark(f"decode{i}", "activations")
             position = torch.empty((w.batch, 1), dtype=torch.long)
-            out = model(
-                input_ids=all_ids[:, -1:], past_key_values=cache, use_cache=True, position_ids=position
-            )
+            out = model(input_ids=all_ids[:, -1:], past_key_values=cache, use_cache=True, position_ids=position)
             _label_cache(cache, trace, recorder)
             logits = out.logits[:, -1].to(copy=True, dtype=torch.float32)
             del out
@@ -681,9 +669,7 @@ def trace_estimate(workload: Workload, gpu_memory_bytes: int | None = None) -> M
             if capped is not None:
                 fits = True
                 headroom = gpu_memory_bytes - (capped.peak_reserved + overhead)
-                notes.append(
-                    "fits only because the allocator releases cached segments when the device is full"
-                )
+                notes.append("fits only because the allocator releases cached segments when the device is full")
     assumptions = [
         "traced: the job's real code run on fake tensors (torch FakeTensorMode), allocations replayed "
         "through a model of PyTorch's CUDA caching allocator (default settings)",
@@ -694,9 +680,7 @@ def trace_estimate(workload: Workload, gpu_memory_bytes: int | None = None) -> M
         *notes,
     ]
     if workload.training:
-        assumptions.insert(
-            1, f"{TRAIN_STEPS} optimizer steps, {workload.optim} foreach, zero_grad(set_to_none)"
-        )
+        assumptions.insert(1, f"{TRAIN_STEPS} optimizer steps, {workload.optim} foreach, zero_grad(set_to_none)")
     return MemoryEstimate(
         model=workload.model,
         params=job.params,
