@@ -22,6 +22,10 @@ from gpuready.workload import Workload
 # blocks: 8/64 + 32/(64*256) = 0.127 bits/param (Dettmers et al. 2023, QLoRA, section 3).
 NF4_BYTES_PER_PARAM = 0.5 + 0.127 / 8
 
+# PyTorch takes cuBLAS workspaces from the caching allocator, one per (handle, stream), kept for the process;
+# 32 MiB each on Hopper (CUBLAS_WORKSPACE_CONFIG default :4096:8, aten/src/ATen/cuda/CublasHandlePool.cpp)
+CUBLAS_WORKSPACE_BYTES = 32 * 1024**2
+
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 GPT2_LORA_TARGETS = ("c_attn", "c_proj", "c_fc")
 
@@ -330,52 +334,75 @@ def block_nograd(
     out_w = spec.heads * (spec.v_head_dim or spec.head_dim)
     width, fan = _mlp_width(spec, layer)
 
-    def norm() -> int:
-        # x.to(fp32) (a copy unless already fp32), x * rsqrt(...) in fp32, .to(dtype), weight * y
+    def norm(x_in: int) -> int:
+        # LlamaRMSNorm as it runs: x.to(fp32) (a copy unless already fp32), pow(2), mean, + eps, rsqrt,
+        # x * rsqrt, .to(dtype), weight * y (the order of allocations and frees follows a traced run)
         x32 = prog.alloc("activations", T * h * 4) if r == 2 else 0
+        sq = prog.alloc("activations", T * h * 4)
+        mean = prog.alloc("activations", T * 4)
+        prog.free(sq)
+        eps = prog.alloc("activations", T * 4)
+        rs = prog.alloc("activations", T * 4)
+        prog.free(eps)
         y32 = prog.alloc("activations", T * h * 4)
+        prog.free(rs)
         prog.free(x32)
         yb = prog.alloc("activations", T * h * r) if r == 2 else 0
-        prog.free(y32) if r == 2 else None
         out = prog.alloc("activations", T * h * r)
-        prog.free(yb) if r == 2 else prog.free(y32)
+        prog.free(yb)
+        prog.free(y32)
+        prog.free(mean)
         return out
 
-    normed = norm()
+    def rope(width: int) -> int:
+        # q*cos + rotate_half(q)*sin: the product, -x2, cat, its product with sin, the sum
+        a = prog.alloc("activations", T * width * e)
+        neg = prog.alloc("activations", T * width * e // 2)
+        cat = prog.alloc("activations", T * width * e)
+        prog.free(neg)
+        b = prog.alloc("activations", T * width * e)
+        prog.free(cat)
+        out = prog.alloc("activations", T * width * e)
+        prog.free(a)
+        prog.free(b)
+        return out
+
+    normed = norm(x)
     q = prog.alloc("activations", T * q_w * e)
     k = prog.alloc("activations", T * k_w * e)
-    v = prog.alloc("kv_cache" if cache_kv else "activations", T * v_w * e)
-    prog.free(normed)
-    prog.transient("activations", T * q_w * e, T * q_w * e)  # RoPE's q*cos and rotate_half(q)
-    q2 = prog.alloc("activations", T * q_w * e)
+    v = prog.alloc("activations", T * v_w * e)
+    q2 = rope(q_w)
+    k2 = rope(k_w)
     prog.free(q)
-    k2 = prog.alloc("kv_cache" if cache_kv else "activations", T * k_w * e)
     prog.free(k)
+    kept: list[int] = []
+    if cache_kv:  # DynamicCache stores its own copies of the rotated K and of V
+        kept = [prog.alloc("kv_cache", T * k_w * e), prog.alloc("kv_cache", T * v_w * e)]
     if ctx.backend in ("eager", "math"):
-        scores = T * spec.heads * (ctx.w.seq if ctx.w.batch * ctx.w.seq == T else 1)
+        scores = T * spec.heads * (ctx.w.seq if T == ctx.w.batch * ctx.w.seq else 1)
         prog.transient("activations", scores * e, scores * 4, scores * e)
     attn = prog.alloc("activations", T * out_w * e)
-    prog.free(q2)
-    kept = [k2, v]
-    if not cache_kv:
-        prog.free_all(kept)
-        kept = []
+    prog.transient("activations", T * spec.heads * 4)  # the kernel's log-sum-exp
+    prog.free(k2)
+    prog.free(v)
     o = prog.alloc("activations", T * h * e)
     prog.free(attn)
+    prog.free(q2)
+    prog.free(normed)
     x2 = prog.alloc("activations", T * h * r)
     prog.free(o)
-    normed = norm()
+    normed = norm(x2)
     Tm = T * fan
     gate = prog.alloc("activations", Tm * width * e)
     act = prog.alloc("activations", Tm * width * e)
     prog.free(gate)
     up = prog.alloc("activations", Tm * width * e)
-    prog.free(normed)
     prod = prog.alloc("activations", Tm * width * e)
     prog.free(act)
     prog.free(up)
     down = prog.alloc("activations", T * h * e)
     prog.free(prod)
+    prog.free(normed)
     x3 = prog.alloc("activations", T * h * r)
     prog.free(down)
     prog.free(x2)
@@ -462,6 +489,9 @@ def train_program(spec: ModelSpec, w: Workload) -> Program:
         # DistributedDataParallel's gradient buckets (gradient_as_bucket_view=False): a second copy of every
         # gradient, allocated when the model is wrapped (torch/nn/parallel/distributed.py, Reducer)
         prog.alloc("ddp_gradient_buckets", sum(t.nbytes for t in trainable))
+    # one cuBLAS workspace for the forward's handle and one for the autograd thread's (backward)
+    prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
+    prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
     state: list[int] | None = None
     for _step in range(3):
         grads: list[int] = []
@@ -559,6 +589,7 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
     ctx = make_ctx(spec, w)
     prog = Program()
     load_weights(prog, ctx)
+    prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
     h, e, B, S, V = spec.hidden, ctx.dt.act, w.batch, w.seq, spec.vocab
     kv_tok = spec.kv_bytes_per_token_per_layer_elems * e // 2  # bytes per K (or V), per token, per layer
 
@@ -570,10 +601,12 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
 
     for _rep in range(1 if w.new_tokens else 2):
         prog.set_phase("prefill")
-        x = prog.alloc("activations", B * S * h * ctx.dt.resid)
+        # the model's forward keeps `inputs_embeds` referenced for the whole pass
+        embeds = prog.alloc("activations", B * S * h * ctx.dt.resid)
+        x = embeds
         cache: list[int] = []
         for layer in range(spec.layers):
-            x, kv = block_nograd(prog, ctx, x, layer, cache_kv=True)
+            x, kv = block_nograd(prog, ctx, x, layer, cache_kv=True, keep_input=layer == 0)
             if window(S, layer) < S:
                 kv_win = [prog.alloc("kv_cache", B * window(S, layer) * kv_tok) for _ in kv]
                 prog.free_all(kv)
@@ -581,6 +614,7 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
             cache.extend(kv)
         normed = prog.alloc("activations", B * S * h * ctx.dt.resid)
         prog.free(x)
+        prog.free(embeds)
         if w.new_tokens == 0:
             logits = prog.alloc("logits_and_loss", B * S * V * e)  # every position's logits
             prog.free(normed)
@@ -593,20 +627,23 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
         prog.free(logits)
         prog.set_phase("decode")
         decode = make_ctx(spec, w.model_copy(update={"seq": 1}))
-        # the cache grows by one token a step; simulate up to 8 steps spread over the generation (the first
-        # and the last among them), each growing the cache to its length then
-        steps = sorted({1 + (w.new_tokens - 1) * i // 7 for i in range(8)}) if w.new_tokens > 1 else []
-        for step in steps:
+        # every step grows each layer's K and V by one token (torch.cat makes the longer tensor, then the old one
+        # goes): these large-pool allocations drive the allocator, so all of them are replayed; a step's own
+        # activations (batch x width, mostly small-pool) are simulated on the first and the last step
+        for step in range(1, w.new_tokens):
             t = S + step
-            x = prog.alloc("activations", B * h * ctx.dt.resid)
+            full_step = step in (1, w.new_tokens - 1)
+            x = prog.alloc("activations", B * h * ctx.dt.resid) if full_step else 0
             for layer in range(spec.layers):
-                x, _ = block_nograd(prog, decode, x, layer, cache_kv=False)
-                for i in (0, 1):  # torch.cat([past, new]) makes the grown tensor, then the old one goes
+                if full_step:
+                    x, _ = block_nograd(prog, decode, x, layer, cache_kv=False)
+                for i in (0, 1):
                     old = cache[2 * layer + i]
                     cache[2 * layer + i] = prog.alloc("kv_cache", B * window(t, layer) * kv_tok)
                     prog.free(old)
-            prog.transient("logits_and_loss", B * V * e, B * V * 4)
-            prog.free(x)
+            if full_step:
+                prog.transient("logits_and_loss", B * V * e, B * V * 4)
+                prog.free(x)
         prog.free(scores)
         prog.free_all(cache)
     return prog
