@@ -172,3 +172,16 @@ def test_probe_timeout_is_a_failed_check_not_a_hang() -> None:
     probe = ProbeResult(seconds=60, timed_out=True, error="the torch probe did not finish in 60 s")
     _checks, cause = evaluate(facts(), ProbeState(result=probe))
     assert cause is not None and cause.name == "torch-cuda" and "did not finish" in cause.detail
+
+
+def test_the_doctors_own_probe_is_not_another_process_on_the_gpu() -> None:
+    """Regression: on the H200 the probe's CUDA context (started alongside) was shown as a foreign process."""
+    from dataclasses import replace
+
+    from gpuready.doctor.nvml import GpuProcess
+
+    busy = replace(gpu(), processes=(GpuProcess(1354, 5 * 1024**3),))
+    checks, _ = evaluate(facts(nvml=nvml(gpus=(busy,)), own_pids=(1354,)), ProbeState(skipped="--fast"))
+    assert by_name(checks, "gpu0-processes").status == "pass"
+    checks, _ = evaluate(facts(nvml=nvml(gpus=(busy,))), ProbeState(skipped="--fast"))
+    assert by_name(checks, "gpu0-processes").status == "warn"

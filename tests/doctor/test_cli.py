@@ -60,3 +60,23 @@ def test_image_for_a_gpu_by_name() -> None:
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert data["compute_capability"] == "7.5" and data["recommended"]["command"].startswith("python -m pip")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not read_nvml().available, reason="needs an NVIDIA GPU and driver")
+def test_doctor_on_a_gpu_machine_runs_the_probe(tmp_path: Path) -> None:
+    import os
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run(
+        [sys.executable, "-m", "gpuready", "doctor", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=180,
+    )
+    data = json.loads(out.stdout)
+    assert data["probe"] == "ran"
+    probe = next(c for c in data["checks"] if c["name"] in ("torch-cuda", "torch-import"))
+    assert probe["status"] in ("pass", "fail") and probe["detail"]

@@ -70,6 +70,7 @@ class DoctorFacts:
     requirements: RequirementsFile | None = None
     nvcc_version: str | None = None
     pip_check: CommandResult | None = None
+    own_pids: tuple[int, ...] = ()  # the doctor's own children (the probe): not "other processes"
 
 
 @dataclass(frozen=True)
@@ -255,14 +256,14 @@ def _gpu_checks(facts: DoctorFacts) -> list[Check]:
         )
         if g.processes is None:
             out.append(Check(f"{n}-processes", "pass", "processes on the GPU: unknown", None, step))
-        elif g.processes:
-            held = sum(p.used_bytes or 0 for p in g.processes)
-            pids = ", ".join(str(p.pid) for p in g.processes[:8])
+        elif others := [p for p in g.processes if p.pid not in facts.own_pids]:
+            held = sum(p.used_bytes or 0 for p in others)
+            pids = ", ".join(str(p.pid) for p in others[:8])
             out.append(
                 Check(
                     f"{n}-processes",
                     "warn",
-                    f"{len(g.processes)} other process(es) hold {format_bytes(held)} (pid {pids})",
+                    f"{len(others)} other process(es) hold {format_bytes(held)} (pid {pids})",
                     f"stop them if they are yours: kill {pids.split(',')[0]}",
                     step,
                 )

@@ -62,6 +62,7 @@ def gather_facts(
     scan_fn: Callable[[], PackageScan] = scan_packages,
     system_fn: Callable[[Mapping[str, str] | None], SystemInfo] = read_system,
     pip_check_result: RunningCommand | None = None,
+    own_pids: tuple[int, ...] = (),
 ) -> DoctorFacts:
     """Everything the doctor reads without importing torch. Sources run side by side in threads."""
     req_path = requirements or find_requirements(cwd or Path.cwd())
@@ -70,15 +71,18 @@ def gather_facts(
         nvml_f = pool.submit(read_nvml_fn, nvml_lib)
         system_f = pool.submit(system_fn, env)
         scan = scan_fn()
-        nvml = nvml_f.result()
         system = system_f.result()
-    nvcc = nvcc_version(system.nvcc) if system.nvcc else None
+        # `nvcc --version` is a child process: wait for it alongside NVML rather than after
+        nvcc_f = pool.submit(nvcc_version, system.nvcc) if system.nvcc else None
+        nvml = nvml_f.result()
+        nvcc = nvcc_f.result() if nvcc_f is not None else None
     return DoctorFacts(
         nvml=nvml,
         packages=scan,
         system=system,
         requirements=reqs,
         nvcc_version=nvcc,
+        own_pids=own_pids,
         pip_check=pip_check_result.wait() if pip_check_result is not None else None,
     )
 
@@ -122,7 +126,8 @@ def doctor(
         pending = start_probe() if start_probe is not None else TorchProbe(timeout=probe_timeout)
         if run_pip_check:
             pip = pip_check()
-    facts = facts_fn(requirements, cwd=cwd, **facts_kwargs)
+    own = tuple(pid for pid in (getattr(pending, "pid", None), pip.pid if pip else None) if pid is not None)
+    facts = facts_fn(requirements, cwd=cwd, own_pids=own, **facts_kwargs)
     static_seconds = time.perf_counter() - t0
     if fast or pending is None:
         return _report(facts, ProbeState(skipped="--fast"), "skipped: --fast", True, t0, static_seconds)

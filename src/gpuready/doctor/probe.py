@@ -62,6 +62,10 @@ class RunningCommand:
         except OSError as exc:
             self._result = CommandResult(self.argv, None, "", "", 0.0, error=f"{type(exc).__name__}: {exc}")
 
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
     def wait(self) -> CommandResult:
         if self._result is not None:
             return self._result
@@ -201,6 +205,11 @@ class TorchProbe:
         # -P: do not put the current folder first on sys.path (Python >= 3.11), so a stray ./torch or
         # ./typing.py does not change what is imported
         self._command = RunningCommand([python or sys.executable, "-P", "-c", source], timeout, env)
+
+    @property
+    def pid(self) -> int | None:
+        """The child's pid: it holds GPU memory once CUDA is up, and is not "another process"."""
+        return self._command.pid
 
     def result(self) -> ProbeResult:
         return parse_probe(self._command.wait())
