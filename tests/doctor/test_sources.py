@@ -155,3 +155,29 @@ def test_doctor_without_driver_drops_the_probe_and_answers_at_once() -> None:
     )
     assert pending.cancelled and not report.ready and report.cause is not None
     assert report.cause.name == "nvidia-driver"
+
+
+def _fake_site(root: Path, name: str, version: str, files: dict[str, str] | None = None) -> None:
+    info = root / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nRequires-Dist: filelock\n"
+    )
+    (info / "INSTALLER").write_text("pip\n")
+    for rel, text in (files or {}).items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
+def test_scan_finds_two_torch_installs_their_builds_and_leftovers(tmp_path: Path) -> None:
+    from gpuready.doctor.packages import scan_packages
+
+    user, venv = tmp_path / "user", tmp_path / "venv"
+    _fake_site(user, "torch", "2.5.1+cpu", {"torch/version.py": "cuda = None\nhip = None\n"})
+    _fake_site(venv, "torch", "2.5.1", {"torch/version.py": "cuda: Optional[str] = '12.4'\n"})
+    (venv / "~orch").mkdir()
+    result = scan_packages([str(user), str(venv)], prefix=str(tmp_path))
+    assert [(b.version, b.variant) for b in result.torch_builds] == [("2.5.1+cpu", "cpu"), ("2.5.1", "cu124")]
+    assert set(result.duplicates()) == {"torch"}
+    assert result.leftovers and result.leftovers[0].endswith("~orch")
+    assert any("requires filelock" in c for c in result.conflicts)

@@ -139,14 +139,14 @@ def _installer(dist: metadata.Distribution) -> str | None:
     return text.strip() or None if text else None
 
 
-def _torch_build(dist: metadata.Distribution, location: str) -> TorchBuild:
+def _torch_build(dist: metadata.Distribution, version: str, location: str) -> TorchBuild:
     try:
         text = Path(str(dist.locate_file("torch/version.py"))).read_text(encoding="utf-8")
         fields = parse_torch_version_file(text)
         read = True
     except OSError:
         fields, read = {"cuda": None, "hip": None}, False
-    return TorchBuild(dist.version, location, fields["cuda"], fields["hip"], read)
+    return TorchBuild(version, location, fields["cuda"], fields["hip"], read)
 
 
 def _own_pip_check(dists: dict[str, InstalledDist]) -> list[str]:
@@ -188,6 +188,7 @@ def scan_packages(paths: Sequence[str] | None = None, prefix: str | None = None)
     dists: list[InstalledDist] = []
     torch_builds: list[TorchBuild] = []
     leftovers: list[str] = []
+    seen_at: set[tuple[str, str]] = set()
     for entry in search:
         if entry and os.path.isdir(entry):
             with contextlib.suppress(OSError):
@@ -195,18 +196,24 @@ def scan_packages(paths: Sequence[str] | None = None, prefix: str | None = None)
                     os.path.join(entry, n) for n in os.listdir(entry) if n.startswith("~") and n != "~"
                 )
         for dist in metadata.distributions(path=[entry]):
-            name = dist.metadata["Name"]
+            md = dist.metadata  # parse METADATA once: .version and .requires would parse it again each
+            name = md["Name"]
             if not name:
                 continue
             location = _dist_location(dist)
             item = InstalledDist(
-                canonicalize_name(name), dist.version, location, _installer(dist), tuple(dist.requires or ())
+                canonicalize_name(name),
+                str(md["Version"]),
+                location,
+                _installer(dist),
+                tuple(md.get_all("Requires-Dist") or ()),
             )
-            if any(d.name == item.name and d.location == item.location for d in dists):
+            if (item.name, item.location) in seen_at:
                 continue  # the same folder reached through two sys.path entries
+            seen_at.add((item.name, item.location))
             dists.append(item)
             if item.name == "torch":
-                torch_builds.append(_torch_build(dist, location))
+                torch_builds.append(_torch_build(dist, item.version, location))
     origin = None
     if paths is None:
         try:
