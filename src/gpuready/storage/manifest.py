@@ -187,8 +187,10 @@ def create_manifest(
     algorithm: str | None = None,
     progress: ByteProgress | None = None,
     workers: int | None = None,
+    record_root: str | os.PathLike[str] | None = None,
 ) -> ManifestResult:
-    """Hash every file under `root` into `output` (+ `output.json`), paths relative to `root`, sorted."""
+    """Hash every file under `root` into `output` (+ `output.json`), paths relative to `root`, sorted.
+    `record_root` is the root written in the sidecar (default `root`): `sync` records the destination."""
     start = time.monotonic()
     root_path = Path(root)
     if not root_path.is_dir():
@@ -214,7 +216,7 @@ def create_manifest(
         meta = {
             "format": FORMAT,
             "algorithm": algo,
-            "root": str(root_path.resolve()),
+            "root": str(Path(record_root or root_path).resolve()),
             "files": len(sizes),
             "total_bytes": sum(sizes.values()),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
