@@ -217,10 +217,11 @@ def dupes_cmd(
 
     if remove and hardlink:
         raise InputError("--remove/--hardlink", "choose one")
+    min_bytes = parse_size(min_size, "--min-size")
     with _progress(not json_out) as progress:
         report = find_duplicates(
             paths,
-            min_size=parse_size(min_size, "--min-size"),
+            min_size=min_bytes,
             trust_hf_names=not no_hf_names,
             progress=progress,
         )

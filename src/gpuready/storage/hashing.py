@@ -59,8 +59,9 @@ def hash_file(path: str, algorithm: str = "blake3", on_bytes: Callable[[int], No
     total = 0
     with open(path, "rb", buffering=0) as fh:
         before = _signature(os.fstat(fh.fileno()))
-        while True:
-            n = fh.readinto(buf)
+        # read what was there when opened, never more: a file that keeps growing cannot hold the read forever
+        while total < before[0]:
+            n = fh.readinto(buf if before[0] - total >= CHUNK else view[: before[0] - total])
             if not n:
                 break
             hasher.update(view[:n])

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -43,12 +44,14 @@ def walk_files(
     *,
     follow_symlinks_in_tree: bool = False,
     exclude: frozenset[str] = frozenset(),
+    scandir: Callable[[str], Any] = os.scandir,
 ) -> Iterator[FileEntry]:
     """Yield every regular file under `roots` (a root may itself be a file).
 
     Symlinks are skipped and counted, except with `follow_symlinks_in_tree`, where a link whose real target
     is a regular file inside the same root is yielded under the link's name (what `b3sum -c` would read).
-    Links to folders are never entered, so a walk cannot loop or leave the tree.
+    Links to folders are never entered, so a walk cannot loop or leave the tree. `scandir` is injectable
+    so tests can make a folder unreadable even when they run as root.
     """
     for root_arg in roots:
         root = os.path.abspath(os.fspath(root_arg))
@@ -67,7 +70,7 @@ def walk_files(
         while stack:
             folder = stack.pop()
             try:
-                with os.scandir(folder) as it:
+                with scandir(folder) as it:
                     entries = sorted(it, key=lambda e: e.name)
             except OSError:
                 stats.unreadable_dirs.append(folder)
