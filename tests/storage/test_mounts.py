@@ -3,7 +3,7 @@ from gpuready.storage.mounts import classify, mount_map, parse_mountinfo
 # A Docker container on a rental host (AutoDL-like): overlay root, data disk and file storage bind-mounted in,
 # the usual /etc/hosts file binds, pseudo filesystems. Shape of real /proc/self/mountinfo lines (proc(5)).
 AUTODL_CONTAINER = """\
-1510 1398 0:145 / / rw,relatime master:600 - overlay overlay rw,lowerdir=/l/A:/l/B,upperdir=/x/diff,workdir=/x/work
+1510 1398 0:145 / / rw,relatime - overlay overlay rw,lowerdir=/l/A:/l/B,upperdir=/x/d,workdir=/x/w
 1511 1510 0:148 / /proc rw,nosuid,nodev,noexec,relatime - proc proc rw
 1512 1510 0:149 / /dev rw,nosuid - tmpfs tmpfs rw,size=65536k,mode=755
 1513 1512 0:150 / /dev/pts rw,nosuid,noexec,relatime - devpts devpts rw,gid=5,mode=620,ptmxmode=666
