@@ -22,7 +22,7 @@ AUTODL_CONTAINER = """\
 RUNPOD_CONTAINER = """\
 2001 1900 0:300 / / rw,relatime - overlay overlay rw,lowerdir=/l,upperdir=/u,workdir=/w
 2002 2001 0:301 / /proc rw,nosuid,nodev,noexec,relatime - proc proc rw
-2003 2001 8:17 /volumes/abc /workspace rw,relatime - xfs /dev/sdb1 rw,prjquota
+2003 2001 8:17 /volumes/abc /workspace rw,relatime shared:5 master:2 - xfs /dev/sdb1 rw,prjquota
 """
 
 SIZES = {
