@@ -33,10 +33,7 @@ def _machine(tmp_path: Path) -> tuple[Path, Path, str]:
     home = tmp_path / "root"
     data = tmp_path / "data"
     data.mkdir()
-    mountinfo = (
-        "1 0 0:40 / / rw - overlay overlay rw\n"
-        f"2 1 253:16 / {data} rw - xfs /dev/vdb rw\n"
-    )
+    mountinfo = f"1 0 0:40 / / rw - overlay overlay rw\n2 1 253:16 / {data} rw - xfs /dev/vdb rw\n"
     return home, data, mountinfo
 
 

@@ -98,11 +98,16 @@ def storage_cmd(
     *,
     workload_flags: dict[str, Any],
 ) -> None:
+    from gpuready.errors import InputError
     from gpuready.storage import storage_report
 
     workload = None
-    if model or workload_flags.get("workload_file") or Path("gpuready.toml").is_file():
+    if model or workload_flags.get("workload_file"):
         workload = build_workload(model, dict(workload_flags))
+    elif Path("gpuready.toml").is_file():
+        # a project file is used when it names a model; without one there is simply nothing to project
+        with contextlib.suppress(InputError):
+            workload = build_workload(None, dict(workload_flags))
     report = storage_report(
         path,
         workload=workload,
