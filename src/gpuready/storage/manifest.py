@@ -350,6 +350,7 @@ def verify_manifest(
     )
     to_hash = [present[rel] for rel in sorted(expected) if rel in present and rel not in set(changed)]
     run = _hash_entries(to_hash, algo, progress, workers)
+    by_size = len(changed)
     changed = sorted(set(changed) | {rel for rel, d in run.digests.items() if d != expected[rel]})
     meta_files = meta.get("files")
     return VerifyResult(
@@ -358,7 +359,7 @@ def verify_manifest(
         algorithm=algo,
         expected_files=len(expected),
         expected_bytes=meta.get("total_bytes") if isinstance(meta.get("total_bytes"), int) else None,
-        checked=len(run.digests),
+        checked=len(run.digests) + by_size,
         changed=changed,
         missing=missing,
         extra=extra,
