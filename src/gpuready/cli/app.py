@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "gpuready.cli.doctor",
     "gpuready.cli.estimate",
     "gpuready.cli.models",
+    "gpuready.cli.storage",
 )
 
 for _name in COMMAND_MODULES:
