@@ -149,6 +149,7 @@ class Saved:
     handle: int
     grad_bytes: int  # the gradient backward produces at this node (activation-sized)
     param_grads: tuple[int, ...] = ()  # weight gradients allocated at this node
+    transient: int = 0  # scratch this node's backward allocates and frees
 
 
 def _mlp_width(spec: ModelSpec, layer: int) -> tuple[int, int]:
@@ -168,10 +169,10 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
     saved: list[Saved] = []
     temps: list[int] = []
 
-    def save(nbytes: int, grad: int = 0, pgrads: tuple[int, ...] = ()) -> None:
+    def save(nbytes: int, grad: int = 0, pgrads: tuple[int, ...] = (), transient: int = 0) -> None:
         handle = prog.alloc("activations", nbytes)
         if keep:
-            saved.append(Saved(handle, grad, pgrads))
+            saved.append(Saved(handle, grad, pgrads, transient))
         else:
             temps.append(handle)
 
@@ -209,8 +210,13 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
             if keep:
                 saved.append(saved_grad_only)
         if lin.name in ctx.lora:
-            save(T * width * (2 if dt.autocast else 4), 0, ())
+            # peft's Linear.forward: x cast to the adapter's fp32 (kept by lora_A), lora_A's output (kept by
+            # lora_B), then lora_B's output, its product with the scaling and the sum with the base output, all
+            # in fp32 before the result is cast back; backward makes fp32 gradients of the same sizes
+            out = T * lin.out_features * 4
+            save(T * width * (2 if dt.autocast else 4), 0, (), out + T * width * 4)
             save(T * ctx.w.lora_r * 4, 0, ())
+            prog.transient("activations", out, out)
 
     lins = {lin.name: lin for lin in spec.block_linears}
     # --- attention
@@ -367,6 +373,8 @@ def block_nograd(
         prog.free(b)
         return out
 
+    if spec.model_type == "gpt2":
+        return _gpt2_block_nograd(prog, ctx, x, cache_kv, keep_input)
     normed = norm(x)
     q = prog.alloc("activations", T * q_w * e)
     k = prog.alloc("activations", T * k_w * e)
@@ -411,6 +419,50 @@ def block_nograd(
     return x3, kept
 
 
+def _gpt2_block_nograd(prog: Program, ctx: Ctx, x: int, cache_kv: bool, keep_input: bool) -> tuple[int, list[int]]:
+    """GPT-2's block without autograd: LayerNorm, one packed q/k/v projection, learned positions (no RoPE),
+    and gelu_new written out in Python (0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*x**3)))), whose temporaries
+    make the MLP's peak four intermediate-sized tensors."""
+    spec, dt, T = ctx.spec, ctx.dt, ctx.tokens
+    h, e, r, width = spec.hidden, dt.act, dt.resid, spec.intermediate
+    ln = prog.alloc("activations", T * h * r)
+    qkv = prog.alloc("activations", T * 3 * h * e)
+    kept = [prog.alloc("kv_cache", T * h * e), prog.alloc("kv_cache", T * h * e)] if cache_kv else []
+    attn = prog.alloc("activations", T * h * e)
+    prog.transient("activations", T * spec.heads * 4)  # log-sum-exp
+    merged = prog.alloc("activations", T * h * e)  # heads merged back, contiguous
+    prog.free(attn)
+    prog.free(qkv)
+    prog.free(ln)
+    o = prog.alloc("activations", T * h * e)
+    prog.free(merged)
+    x2 = prog.alloc("activations", T * h * r)
+    prog.free(o)
+    ln = prog.alloc("activations", T * h * r)
+    fc = prog.alloc("activations", T * width * e)
+    prog.free(ln)
+    half = prog.alloc("activations", T * width * e)  # 0.5 * x
+    cube = prog.alloc("activations", T * width * e)  # x ** 3
+    t = prog.alloc("activations", T * width * e)  # 0.044715 * x**3
+    prog.free(cube)
+    for _ in range(4):  # x + ..., * sqrt(2/pi), tanh, 1 + ...: each replaces the last
+        t2 = prog.alloc("activations", T * width * e)
+        prog.free(t)
+        t = t2
+    act = prog.alloc("activations", T * width * e)
+    prog.free(half)
+    prog.free(t)
+    prog.free(fc)
+    down = prog.alloc("activations", T * h * e)
+    prog.free(act)
+    x3 = prog.alloc("activations", T * h * r)
+    prog.free(down)
+    prog.free(x2)
+    if not keep_input:
+        prog.free(x)
+    return x3, kept
+
+
 def block_backward(prog: Program, saved: list[Saved], grads: list[int], accumulate: bool, shards: int = 1) -> None:
     """Walk one layer's saved tensors in reverse: each node allocates its input gradient, then frees what it
     kept and the gradient it consumed; weight gradients appear at their linear (with gradient accumulation
@@ -426,6 +478,8 @@ def block_backward(prog: Program, saved: list[Saved], grads: list[int], accumula
                 prog.free(handle)
             else:
                 grads.append(handle)
+        if node.transient:
+            prog.transient("activations", node.transient)
         new = prog.alloc("activations", node.grad_bytes) if node.grad_bytes else None
         if node.handle > 0:
             prog.free(node.handle)
