@@ -24,7 +24,10 @@ app = typer.Typer(
 )
 
 # Each module defines `register(app)`. Keep this list sorted; one line per command group.
-COMMAND_MODULES = ("gpuready.cli.models",)
+COMMAND_MODULES = (
+    "gpuready.cli.models",
+    "gpuready.cli.trial",
+)
 
 for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(app)
