@@ -31,9 +31,7 @@ def test_defaults_follow_the_contract() -> None:
         ({"colour": "red"}, "colour", "allowed"),
     ],
 )
-def test_bad_values_name_the_flag_and_what_is_allowed(
-    fields: dict[str, object], flag: str, allowed: str
-) -> None:
+def test_bad_values_name_the_flag_and_what_is_allowed(fields: dict[str, object], flag: str, allowed: str) -> None:
     with pytest.raises(InputError) as info:
         make_workload(model="gpt2", **fields)
     assert info.value.field == flag

@@ -6,6 +6,7 @@ import functools
 import inspect
 import json
 import sys
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -62,16 +63,19 @@ def build_workload(model: str | None, flags: dict[str, Any]) -> Workload:
     if "model" not in fields:
         from gpuready.errors import InputError
 
-        raise InputError(
-            "MODEL", "no model given; name a preset (see `gpuready models`), a config.json or folder"
-        )
+        raise InputError("MODEL", "no model given; name a preset (see `gpuready models`), a config.json or folder")
     return make_workload(**fields)
 
 
 def with_workload(func: F) -> F:
     """Add the CONTRACT.md workload flags to a command; it receives `workload_flags: dict` instead."""
     sig = inspect.signature(func)
-    own = [p for p in sig.parameters.values() if p.name != "workload_flags"]
+    hints = typing.get_type_hints(func, include_extras=True)  # string annotations -> objects Typer can read
+    own = [
+        p.replace(annotation=hints.get(p.name, p.annotation))
+        for p in sig.parameters.values()
+        if p.name != "workload_flags"
+    ]
     extra = [
         inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ann)
         for name, ann in _WORKLOAD_PARAMS
@@ -82,12 +86,9 @@ def with_workload(func: F) -> F:
         flags = {name: kwargs.pop(name, None) for name in _NAMES}
         return func(*args, workload_flags=flags, **kwargs)
 
-    params = [
-        p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if p.kind is p.POSITIONAL_OR_KEYWORD else p
-        for p in own
-    ]
+    params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if p.kind is p.POSITIONAL_OR_KEYWORD else p for p in own]
     wrapper.__signature__ = sig.replace(parameters=params + extra)  # type: ignore[attr-defined]
-    annotations = {k: v for k, v in getattr(func, "__annotations__", {}).items() if k != "workload_flags"}
+    annotations = {k: v for k, v in hints.items() if k != "workload_flags"}
     annotations.update(dict(_WORKLOAD_PARAMS))
     wrapper.__annotations__ = annotations
     return wrapper  # type: ignore[return-value]

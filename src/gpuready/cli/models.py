@@ -10,9 +10,7 @@ from gpuready.cli.common import JsonOpt, print_json
 
 
 def register(app: typer.Typer) -> None:
-    app.command("models", help="List the built-in model presets with parameter counts and sources.")(
-        models_cmd
-    )
+    app.command("models", help="List the built-in model presets with parameter counts and sources.")(models_cmd)
     app.command("gpus", help="List the GPU catalog (memory, bandwidth, bf16 TFLOP/s, source).")(gpus_cmd)
 
 

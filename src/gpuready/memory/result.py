@@ -31,10 +31,11 @@ class MemoryEstimate:
     headroom_bytes: int | None = None
     max_batch: int | None = None
     phases: dict[str, int] = field(default_factory=dict)  # phase -> peak allocated in that phase
+    mitigations: list[dict[str, Any]] = field(default_factory=list)  # when it does not fit: what would
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         if self.gpu_memory_bytes is None:
-            for key in ("gpu_memory_bytes", "fits", "headroom_bytes", "max_batch"):
+            for key in ("gpu_memory_bytes", "fits", "headroom_bytes", "max_batch", "mitigations"):
                 data.pop(key)
         return data

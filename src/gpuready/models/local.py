@@ -102,9 +102,7 @@ def _read_config(path: Path) -> dict[str, Any]:
 def spec_from_path(path: Path) -> ModelSpec:
     if path.is_file():
         if path.suffix == ".safetensors":
-            raise InputError(
-                "MODEL", f"{path}: give the folder holding config.json and the safetensors files"
-            )
+            raise InputError("MODEL", f"{path}: give the folder holding config.json and the safetensors files")
         return spec_from_config(_read_config(path), path.parent.name or str(path), str(path))
     config = path / "config.json"
     shards = sorted(path.glob("*.safetensors"))

@@ -26,7 +26,7 @@ class Linear:
     count: int = 1  # identical copies per layer (MoE experts)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: resolve_model caches them
 class ModelSpec:
     name: str
     kind: Literal["lm", "vision"]
@@ -98,14 +98,13 @@ def spec_from_config(cfg: dict[str, Any], name: str, source: str = "") -> ModelS
     if mtype in VISION_TYPES:
         from gpuready.models.vision import vision_spec
 
-        return vision_spec(cfg, name, source)  # type: ignore[no-any-return]
-    if mtype not in LM_TYPES:
-        # unknown decoder-only types with llama-like keys are sized as llama, and the assumption is reported
-        if not all(
-            k in cfg for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-        ):
-            allowed = ", ".join(LM_TYPES + VISION_TYPES)
-            raise InputError("MODEL", f"model_type {mtype!r} is not supported; supported: {allowed}")
+        return vision_spec(cfg, name, source)
+    # unknown decoder-only types with llama-like keys are sized as llama
+    if mtype not in LM_TYPES and not all(
+        k in cfg for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+    ):
+        allowed = ", ".join(LM_TYPES + VISION_TYPES)
+        raise InputError("MODEL", f"model_type {mtype!r} is not supported; supported: {allowed}")
     if mtype == "gpt2":
         h = _req(cfg, "n_embd", "hidden_size")
         heads = _req(cfg, "n_head", "num_attention_heads")
@@ -232,10 +231,7 @@ def block_linears(spec: ModelSpec, bias: dict[str, bool] | None = None) -> tuple
 
 
 def _linear_params(lins: tuple[Linear, ...]) -> int:
-    return sum(
-        (lin.in_features * lin.out_features + (lin.out_features if lin.bias else 0)) * lin.count
-        for lin in lins
-    )
+    return sum((lin.in_features * lin.out_features + (lin.out_features if lin.bias else 0)) * lin.count for lin in lins)
 
 
 def _with_params(spec: ModelSpec, bias: dict[str, bool] | None = None) -> ModelSpec:

@@ -8,9 +8,12 @@ of a stage). BatchNorm running statistics are buffers, not parameters.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuready.errors import InputError
+
+if TYPE_CHECKING:
+    from gpuready.models.spec import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,7 @@ class Conv:
     kernel: int
     stride: int
     relu: bool  # followed by an (in-place) ReLU
+    downsample: bool = False  # the 1x1 projection of a stage's first block (its BN output is added, not kept)
 
 
 def resnet_convs(block: str, layers: list[int]) -> list[tuple[Conv, int]]:
@@ -46,7 +50,7 @@ def resnet_convs(block: str, layers: list[int]) -> list[tuple[Conv, int]]:
                     (Conv(planes, planes, 3, 1, False), out_scale),
                 ]
             if i == 0 and (stride != 1 or inplanes != planes * expansion):
-                convs.append((Conv(inplanes, planes * expansion, 1, stride, False), out_scale))
+                convs.append((Conv(inplanes, planes * expansion, 1, stride, False, True), out_scale))
             inplanes = planes * expansion
             scale = out_scale
     return convs
@@ -65,19 +69,10 @@ def vit_params(cfg: dict[str, Any]) -> int:
     classes = int(cfg["num_classes"])
     tokens = (int(cfg["image_size"]) // p) ** 2 + 1
     per_layer = 2 * h + (3 * h * h + 3 * h) + (h * h + h) + 2 * h + (h * mlp + mlp) + (mlp * h + h)
-    return (
-        3 * p * p * h
-        + h
-        + h
-        + tokens * h
-        + n * per_layer
-        + 2 * h
-        + h * cfg["num_classes"]
-        + cfg["num_classes"]
-    )
+    return 3 * p * p * h + h + h + tokens * h + n * per_layer + 2 * h + h * classes + classes
 
 
-def vision_spec(cfg: dict[str, Any], name: str, source: str) -> Any:
+def vision_spec(cfg: dict[str, Any], name: str, source: str) -> ModelSpec:
     from gpuready.models.spec import ModelSpec
 
     mtype = cfg["model_type"]
@@ -88,6 +83,4 @@ def vision_spec(cfg: dict[str, Any], name: str, source: str) -> Any:
             params = vit_params(cfg)
     except KeyError as exc:
         raise InputError("MODEL", f"{name}: vision config lacks {exc.args[0]!r}") from None
-    return ModelSpec(
-        name=name, kind="vision", model_type=mtype, source=source, vision=dict(cfg), params=params
-    )
+    return ModelSpec(name=name, kind="vision", model_type=mtype, source=source, vision=dict(cfg), params=params)

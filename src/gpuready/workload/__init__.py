@@ -5,6 +5,7 @@ from gpuready.workload.spec import (
     Workload,
     load_workload_file,
     make_workload,
+    workload_from_args,
 )
 
-__all__ = ["FIELDS", "Workload", "load_workload_file", "make_workload"]
+__all__ = ["FIELDS", "Workload", "load_workload_file", "make_workload", "workload_from_args"]

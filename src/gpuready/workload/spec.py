@@ -126,3 +126,37 @@ def load_workload_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(table, dict):
         raise InputError("--workload", f"{p}: [workload] must be a table")
     return {str(k).replace("-", "_"): v for k, v in table.items()}
+
+
+_BOOL_FLAGS = {"grad_ckpt"}
+
+
+def workload_from_args(args: list[str] | str) -> Workload:
+    """Parse CONTRACT.md's workload arguments (`MODEL --flag value ...`), as the calibration files write jobs."""
+    import shlex
+
+    words = shlex.split(args) if isinstance(args, str) else list(args)
+    fields: dict[str, Any] = {}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if not word.startswith("--"):
+            if "model" in fields:
+                raise InputError("MODEL", f"unexpected extra argument {word!r}")
+            fields["model"] = word
+            i += 1
+            continue
+        name = word[2:].replace("-", "_")
+        if name in _BOOL_FLAGS:
+            fields[name] = True
+            i += 1
+            continue
+        if name.startswith("no_") and name[3:] in _BOOL_FLAGS:
+            fields[name[3:]] = False
+            i += 1
+            continue
+        if i + 1 >= len(words):
+            raise InputError(word, "needs a value")
+        fields[name] = words[i + 1]
+        i += 2
+    return make_workload(**fields)

@@ -1,0 +1,182 @@
+"""`gpuready estimate MODEL [workload] [--gpu NAME | --gpu-memory SIZE] [--trace]`."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from gpuready.cli.common import JsonOpt, build_workload, print_json, with_workload
+from gpuready.errors import InputError
+from gpuready.memory.result import MemoryEstimate
+from gpuready.units import format_bytes, parse_size
+
+COLORS = {
+    "weights": "blue",
+    "gradients": "magenta",
+    "optimizer_states": "yellow",
+    "optimizer_temporaries": "dark_orange",
+    "activations": "green",
+    "logits_and_loss": "cyan",
+    "kv_cache": "bright_cyan",
+    "lora_adapters": "bright_magenta",
+    "autocast_weight_copies": "bright_blue",
+}
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "estimate",
+        help="Predict a job's peak GPU memory (weights, gradients, optimizer, activations, logits, KV cache, "
+        "allocator, CUDA context) and whether it fits a GPU.",
+    )(estimate_cmd)
+
+
+@with_workload
+def estimate_cmd(
+    model: Annotated[str | None, typer.Argument(help="preset (gpuready models), hub id, config.json or folder")] = None,
+    gpu: Annotated[str | None, typer.Option(help="a GPU from `gpuready gpus`, e.g. A100-80GB, rtx4090")] = None,
+    gpu_memory: Annotated[str | None, typer.Option(help="GPU memory, e.g. 24GiB, 80GB, 81559MiB")] = None,
+    trace: Annotated[
+        bool, typer.Option(help="run the real model code on fake tensors (needs gpuready[trace])")
+    ] = False,
+    json_out: JsonOpt = False,
+    workload_flags: dict[str, Any] | None = None,
+) -> int:
+    workload = build_workload(model, dict(workload_flags or {}))
+    if gpu and gpu_memory:
+        raise InputError("--gpu", "give either --gpu or --gpu-memory, not both")
+    capacity: int | None = None
+    gpu_name = None
+    if gpu:
+        from gpuready.catalog import find_gpu
+
+        card = find_gpu(gpu)
+        capacity, gpu_name = card.usable_bytes, card.name
+    elif gpu_memory:
+        capacity = parse_size(gpu_memory, "--gpu-memory")
+        if capacity <= 0:
+            raise InputError("--gpu-memory", "must be more than 0")
+    if trace:
+        try:
+            from gpuready.memory.trace import trace_estimate
+        except ImportError as exc:
+            raise InputError("--trace", f"needs the trace extra: pip install 'gpuready[trace]' ({exc})") from None
+        result = trace_estimate(workload, capacity)
+    else:
+        from gpuready.memory import estimate
+
+        result = estimate(workload, capacity)
+    if json_out:
+        data = result.to_json()
+        if gpu_name:
+            data["gpu"] = gpu_name
+        print_json(data)
+    else:
+        render(result, workload_summary(workload), gpu_name)
+    return 1 if result.fits is False else 0
+
+
+def workload_summary(w: Any) -> str:
+    parts = [w.model, w.task]
+    if w.task == "train":
+        parts.append(w.method if w.method == "full" else f"{w.method} r={w.lora_r}")
+    parts += [f"batch {w.batch}", f"seq {w.seq}" if w.seq else ""]
+    if w.task == "infer" and w.new_tokens:
+        parts.append(f"+{w.new_tokens} new tokens")
+    parts += [w.precision]
+    if w.task == "train":
+        parts.append(w.optim)
+        if w.grad_ckpt:
+            parts.append("grad-ckpt")
+    return " · ".join(p for p in parts if p)
+
+
+def _bar(result: MemoryEstimate, width: int = 60) -> Any:
+    """Components as coloured blocks, allocator cache and context shaded, the GPU's capacity as a marker."""
+    from rich.text import Text
+
+    cap = result.gpu_memory_bytes or 0
+    scale = width / max(cap, result.peak_device_bytes)
+    cells: list[tuple[str, str]] = []
+    for name, nbytes in result.breakdown.items():
+        cells += [("█", COLORS.get(name, "white"))] * round(nbytes * scale)
+    cells += [("▒", "grey50")] * round((result.peak_device_bytes - result.peak_allocated_bytes) * scale)
+    if cap:
+        marker = min(round(cap * scale), width)
+        cells += [("·", "grey30")] * max(0, marker - len(cells))
+        style = "bold green" if result.fits else "bold red"
+        cells.insert(marker, ("┃", style))
+    text = Text()
+    for char, style in cells:
+        text.append(char, style=style)
+    return text
+
+
+def render(result: MemoryEstimate, summary: str, gpu_name: str | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"[bold]{summary}[/bold]")
+    params = f"{result.params / 1e9:.2f} B" if result.params >= 1e9 else f"{result.params / 1e6:.1f} M"
+    trainable = result.trainable_params
+    console.print(
+        f"parameters {params}"
+        + (f", trainable {trainable:,} ({trainable / max(result.params, 1):.2%})" if trainable else "")
+        + f" · estimated by {result.mode}"
+    )
+    table = Table(title=f"At the peak ({result.phase})", title_justify="left")
+    table.add_column("component")
+    table.add_column("memory", justify="right")
+    table.add_column("share", justify="right")
+    for name, nbytes in result.breakdown.items():
+        table.add_row(
+            f"[{COLORS.get(name, 'white')}]■[/] {name.replace('_', ' ')}",
+            format_bytes(nbytes),
+            f"{nbytes / max(result.peak_allocated_bytes, 1):.0%}",
+        )
+    table.add_section()
+    table.add_row("peak allocated (live tensors)", format_bytes(result.peak_allocated_bytes), "")
+    table.add_row(
+        "[grey50]▒[/] + allocator cache (reserved)",
+        format_bytes(result.peak_reserved_bytes - result.peak_allocated_bytes),
+        "",
+    )
+    table.add_row(
+        "[grey50]▒[/] + CUDA context, workspaces",
+        format_bytes(result.peak_device_bytes - result.peak_reserved_bytes),
+        "",
+    )
+    table.add_row(
+        "[bold]peak on the device (nvidia-smi)[/bold]",
+        f"[bold]{format_bytes(result.peak_device_bytes)}[/]",
+        "",
+    )
+    console.print(table)
+    console.print(_bar(result))
+    if result.gpu_memory_bytes is not None:
+        where = format_bytes(result.gpu_memory_bytes) + (f" ({gpu_name})" if gpu_name else "")
+        if result.fits:
+            console.print(
+                f"[bold green]fits[/] in {where} with {format_bytes(result.headroom_bytes)} headroom; "
+                f"largest batch that fits: {result.max_batch}"
+            )
+        else:
+            console.print(
+                f"[bold red]does not fit[/] in {where}: {format_bytes(-(result.headroom_bytes or 0))} short; "
+                f"largest batch that fits: {result.max_batch}"
+            )
+            if result.mitigations:
+                fix = Table(title="What would fit", title_justify="left")
+                fix.add_column("change")
+                fix.add_column("peak on the device", justify="right")
+                fix.add_column("fits")
+                fix.add_column("note")
+                for m in result.mitigations:
+                    ok = "[green]yes[/]" if m["fits"] else "[red]no[/]"
+                    fix.add_row(m["change"], format_bytes(m["peak_device_bytes"]), ok, m["note"])
+                console.print(fix)
+    console.print("[dim]assumptions:[/dim]")
+    for line in result.assumptions:
+        console.print(f"[dim]  - {line}[/dim]")

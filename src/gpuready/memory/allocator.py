@@ -1,0 +1,278 @@
+"""A simulation of PyTorch's CUDA caching allocator (default settings), to turn a job's sequence of tensor
+allocations and frees into `max_memory_allocated` and `max_memory_reserved`.
+
+The rules follow c10/cuda/CUDACachingAllocator.cpp (pytorch/pytorch, native backend, one stream, default
+`PYTORCH_CUDA_ALLOC_CONF`: no `max_split_size_mb`, no `roundup_power2_divisions`, no garbage-collection
+threshold, `expandable_segments:False`) and ../shared/calibration/NOTES.md:
+
+- every request is rounded up to a multiple of 512 B (`kMinBlockSize`), at least 512 B;
+- requests of at most 1 MiB (`kSmallSize`) are served from the small pool, whose segments are 2 MiB
+  (`kSmallBuffer`); larger requests from the large pool: under 10 MiB (`kMinLargeAlloc`) a new segment is
+  20 MiB (`kLargeBuffer`), otherwise the request rounded up to 2 MiB (`kRoundLarge`);
+- a request takes the smallest cached free block of its pool that is large enough (ties: lowest address);
+- the block is split when the remainder is at least 512 B (small pool) or more than 1 MiB (large pool);
+  otherwise the whole block is handed out and counted as allocated (`stats.allocated_bytes += block->size`);
+- a freed block merges with free neighbours of the same segment and returns to its pool's cache;
+- segments go back to the device only when a new segment does not fit the device: then every cached
+  segment that is wholly free (not split) is released and the request retried; if it still does not
+  fit, the allocation fails (the job's OOM).
+
+`allocated` counts the block sizes handed out (rounded), `reserved` the segments held from the device.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+KIB = 1024
+MIB = 1024 * KIB
+
+MIN_BLOCK_SIZE = 512  # kMinBlockSize: every request is rounded up to a multiple of this
+SMALL_SIZE = 1 * MIB  # kSmallSize: largest request served from the small pool
+SMALL_BUFFER = 2 * MIB  # kSmallBuffer: segment size of the small pool
+LARGE_BUFFER = 20 * MIB  # kLargeBuffer: segment size for large-pool requests under MIN_LARGE_ALLOC
+MIN_LARGE_ALLOC = 10 * MIB  # kMinLargeAlloc
+ROUND_LARGE = 2 * MIB  # kRoundLarge: requests of MIN_LARGE_ALLOC and more get their own segment, rounded
+
+
+class AllocatorOutOfMemory(Exception):
+    """A request that does not fit the device even after releasing every cached unsplit segment."""
+
+    def __init__(self, nbytes: int, allocated: int, reserved: int, capacity: int) -> None:
+        self.nbytes = nbytes
+        super().__init__(
+            f"out of memory: tried to allocate {nbytes} B with {allocated} B allocated, "
+            f"{reserved} B reserved, capacity {capacity} B"
+        )
+
+
+def round_size(nbytes: int) -> int:
+    """The size the allocator actually hands out for a request (CUDACachingAllocator round_size)."""
+    if nbytes < MIN_BLOCK_SIZE:
+        return MIN_BLOCK_SIZE
+    return (nbytes + MIN_BLOCK_SIZE - 1) // MIN_BLOCK_SIZE * MIN_BLOCK_SIZE
+
+
+def segment_size(size: int) -> int:
+    """The size of the new segment taken from the device for a rounded request (get_allocation_size)."""
+    if size <= SMALL_SIZE:
+        return SMALL_BUFFER
+    if size < MIN_LARGE_ALLOC:
+        return LARGE_BUFFER
+    return (size + ROUND_LARGE - 1) // ROUND_LARGE * ROUND_LARGE
+
+
+class Block:
+    """A piece of a segment: allocated, or cached free in its pool."""
+
+    __slots__ = ("addr", "allocated", "next", "prev", "size", "small")
+
+    def __init__(self, addr: int, size: int, small: bool) -> None:
+        self.addr = addr
+        self.size = size
+        self.small = small
+        self.allocated = False
+        self.prev: Block | None = None
+        self.next: Block | None = None
+
+
+class _Pool:
+    """Cached free blocks ordered by (size, address), as the allocator's BlockPool set."""
+
+    __slots__ = ("blocks", "keys")
+
+    def __init__(self) -> None:
+        self.keys: list[tuple[int, int]] = []
+        self.blocks: dict[tuple[int, int], Block] = {}
+
+    def add(self, block: Block) -> None:
+        key = (block.size, block.addr)
+        bisect.insort(self.keys, key)
+        self.blocks[key] = block
+
+    def remove(self, block: Block) -> None:
+        key = (block.size, block.addr)
+        i = bisect.bisect_left(self.keys, key)
+        del self.keys[i]
+        del self.blocks[key]
+
+    def take_best_fit(self, size: int) -> Block | None:
+        i = bisect.bisect_left(self.keys, (size, -1))
+        if i == len(self.keys):
+            return None
+        key = self.keys.pop(i)
+        return self.blocks.pop(key)
+
+
+@dataclass(frozen=True)
+class AllocatorStats:
+    """What torch.cuda.memory_stats() would say at the end of a replay, plus where the peaks happened.
+
+    peak_*_event: index into the replayed events of the event right after which the peak was first reached
+    (-1 if nothing was allocated). oom_event: index of the allocation that failed, else None (the replay
+    stops there).
+    """
+
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    allocated_bytes: int
+    reserved_bytes: int
+    peak_allocated_event: int
+    peak_reserved_event: int
+    segments: int
+    releases: int  # how many times cached segments were released to retry an allocation
+    oom_event: int | None = None
+
+
+class CachingAllocator:
+    """One device's caching allocator. `capacity_bytes` is what the allocator may take from the device
+    (the GPU's memory minus the CUDA context); None means unlimited, so nothing is ever released."""
+
+    def __init__(self, capacity_bytes: int | None = None) -> None:
+        self.capacity_bytes = capacity_bytes
+        self.allocated = 0
+        self.reserved = 0
+        self.peak_allocated = 0
+        self.peak_reserved = 0
+        self.segments = 0
+        self.releases = 0
+        self._small = _Pool()
+        self._large = _Pool()
+        self._next_addr = 0
+        self._segment_heads: dict[int, Block] = {}  # segment start address -> first block
+
+    # -- the two calls ---------------------------------------------------------------------------------
+    def malloc(self, nbytes: int) -> Block:
+        """Allocate `nbytes`; returns the block as the handle for `free`."""
+        size = round_size(nbytes)
+        small = size <= SMALL_SIZE
+        pool = self._small if small else self._large
+        block = pool.take_best_fit(size)
+        if block is None:
+            block = self._new_segment(size, small)
+        remaining = block.size - size
+        if remaining >= MIN_BLOCK_SIZE if small else remaining > SMALL_SIZE:
+            rest = Block(block.addr + size, remaining, small)
+            rest.prev = block
+            rest.next = block.next
+            if block.next is not None:
+                block.next.prev = rest
+            block.next = rest
+            block.size = size
+            pool.add(rest)
+        block.allocated = True
+        self.allocated += block.size
+        if self.allocated > self.peak_allocated:
+            self.peak_allocated = self.allocated
+        return block
+
+    def free(self, block: Block) -> None:
+        """Return a block to its pool's cache, merged with its free neighbours."""
+        if not block.allocated:
+            raise ValueError("block freed twice")
+        block.allocated = False
+        self.allocated -= block.size
+        pool = self._small if block.small else self._large
+        prev = block.prev
+        if prev is not None and not prev.allocated:
+            pool.remove(prev)
+            prev.size += block.size
+            prev.next = block.next
+            if block.next is not None:
+                block.next.prev = prev
+            block = prev
+        nxt = block.next
+        if nxt is not None and not nxt.allocated:
+            pool.remove(nxt)
+            block.size += nxt.size
+            block.next = nxt.next
+            if nxt.next is not None:
+                nxt.next.prev = block
+        pool.add(block)
+
+    # -- segments --------------------------------------------------------------------------------------
+    def _new_segment(self, size: int, small: bool) -> Block:
+        seg = segment_size(size)
+        cap = self.capacity_bytes
+        if cap is not None and self.reserved + seg > cap:
+            self.release_cached()
+            self.releases += 1
+            if self.reserved + seg > cap:
+                raise AllocatorOutOfMemory(size, self.allocated, self.reserved, cap)
+        block = Block(self._next_addr, seg, small)
+        # leave a gap so that segments are never adjacent (blocks only merge within their segment)
+        self._next_addr += seg + ROUND_LARGE
+        self._segment_heads[block.addr] = block
+        self.segments += 1
+        self.reserved += seg
+        if self.reserved > self.peak_reserved:
+            self.peak_reserved = self.reserved
+        return block
+
+    def release_cached(self) -> int:
+        """Give every wholly free cached segment back to the device (release_cached_blocks); returns bytes."""
+        released = 0
+        for pool in (self._small, self._large):
+            for block in [b for b in pool.blocks.values() if b.prev is None and b.next is None]:
+                pool.remove(block)
+                del self._segment_heads[block.addr]
+                released += block.size
+                self.segments -= 1
+        self.reserved -= released
+        return released
+
+
+def replay(events: Iterable[int], capacity_bytes: int | None = None) -> AllocatorStats:
+    """Replay a trace: a positive number allocates that many bytes and gets the next id (1, 2, ...);
+    a negative number `-k` frees the allocation with id `k`. Zero-byte events are not allocations."""
+    alloc = CachingAllocator(capacity_bytes)
+    handles: list[Block | None] = [None]
+    malloc, free = alloc.malloc, alloc.free
+    peak_a = peak_r = 0
+    peak_a_event = peak_r_event = -1
+    oom: int | None = None
+    i = -1
+    for i, ev in enumerate(events):
+        if ev > 0:
+            try:
+                handles.append(malloc(ev))
+            except AllocatorOutOfMemory:
+                oom = i
+                break
+            if alloc.allocated > peak_a:
+                peak_a, peak_a_event = alloc.allocated, i
+            if alloc.reserved > peak_r:
+                peak_r, peak_r_event = alloc.reserved, i
+        elif ev < 0:
+            block = handles[-ev]
+            if block is None:
+                raise ValueError(f"event {i}: allocation {-ev} freed twice")
+            handles[-ev] = None
+            free(block)
+    del i
+    return AllocatorStats(
+        peak_allocated_bytes=alloc.peak_allocated,
+        peak_reserved_bytes=alloc.peak_reserved,
+        allocated_bytes=alloc.allocated,
+        reserved_bytes=alloc.reserved,
+        peak_allocated_event=peak_a_event,
+        peak_reserved_event=peak_r_event,
+        segments=alloc.segments,
+        releases=alloc.releases,
+        oom_event=oom,
+    )
+
+
+def live_at(events: Sequence[int], index: int) -> set[int]:
+    """The allocation ids live right after event `index` (for a breakdown at the peak)."""
+    live: set[int] = set()
+    next_id = 1
+    for ev in events[: index + 1]:
+        if ev > 0:
+            live.add(next_id)
+            next_id += 1
+        elif ev < 0:
+            live.discard(-ev)
+    return live

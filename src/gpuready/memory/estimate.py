@@ -1,0 +1,211 @@
+"""`estimate(workload)`: peak GPU memory of a job from its model's shapes, without torch.
+
+The job is described as its sequence of GPU allocations (memory/lm.py, memory/vision.py); the running total
+gives peak allocated, its phase and breakdown; a replay through the caching-allocator model
+(memory/allocator.py) gives peak reserved.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+
+from gpuready.errors import InputError
+from gpuready.memory.allocator import replay
+from gpuready.memory.program import Program
+from gpuready.memory.result import MemoryEstimate
+from gpuready.models import ModelSpec, resolve_model
+from gpuready.workload import Workload
+
+# CUDA context + cuBLAS/cuDNN workspaces outside the caching allocator: NVML used − reserved at the end of the
+# calibration runs on the H200 (torch 2.11, CUDA 13): 695–771 MiB over 15 single-GPU rows
+# (../shared/calibration/h200.jsonl, device_overhead_bytes). Training rows (cuBLAS backward workspaces and
+# cuDNN for convolutions) sit at the top of that range, inference at the bottom.
+DEVICE_OVERHEAD_TRAIN_BYTES = 767 * 1024**2
+DEVICE_OVERHEAD_INFER_BYTES = 707 * 1024**2
+
+
+@dataclass(frozen=True)
+class _Run:
+    peak_allocated: int
+    peak_reserved: int
+    phase_peaks: dict[str, int]
+    phase_breakdowns: dict[str, dict[str, int]]
+
+
+def _run(spec: ModelSpec, w: Workload) -> _Run:
+    prog = _program(spec, w)
+    if prog.side_stream:
+        # the caching allocator keeps blocks per CUDA stream: FSDP2's all-gather outputs live on their own
+        # stream, so their cache cannot serve the compute stream (and the reverse); replay each pool apart
+        main, side = prog.split_streams()
+        reserved = replay(main).peak_reserved_bytes + replay(side).peak_reserved_bytes
+    else:
+        reserved = replay(prog.events).peak_reserved_bytes
+    return _Run(prog.peak_allocated, reserved, dict(prog.phase_peaks), prog.phase_breakdowns)
+
+
+def _program(spec: ModelSpec, w: Workload) -> Program:
+    if spec.kind == "vision":
+        from gpuready.memory.vision import vision_program
+
+        return vision_program(spec, w)
+    from gpuready.memory.lm import infer_program, train_program
+
+    return train_program(spec, w) if w.training else infer_program(spec, w)
+
+
+@functools.lru_cache(maxsize=4096)
+def _core(spec: ModelSpec, w: Workload) -> tuple[int, int, str, dict[str, int], dict[str, int]]:
+    """(peak allocated, peak reserved, phase, breakdown at the peak) for one GPU.
+
+    The whole program is simulated at the model's real depth: the allocator's reserve does not grow linearly
+    over the first layers (cached blocks are reused differently), so extrapolating from shallow copies of the
+    model under-reserves by up to 10% (llama-3.2-1b, batch 1)."""
+    run = _run(spec, w)
+    phase = max(run.phase_peaks, key=lambda p: run.phase_peaks[p])
+    reserved = max(run.peak_reserved, run.peak_allocated)
+    return run.peak_allocated, reserved, phase, run.phase_breakdowns[phase], run.phase_peaks
+
+
+def _check_supported(spec: ModelSpec, w: Workload) -> None:
+    if w.shard in ("zero1", "zero2", "zero3"):
+        raise InputError("--shard", f"{w.shard} (DeepSpeed) is not modelled yet; allowed here: none, ddp, fsdp")
+    if spec.kind == "vision" and w.shard == "fsdp":
+        raise InputError("--shard", "fsdp is modelled for language models; use ddp or none for vision models")
+    if w.task == "infer" and w.shard != "none":
+        raise InputError("--shard", "inference is modelled on one GPU; drop --shard")
+
+
+def device_overhead_bytes(w: Workload) -> int:
+    return DEVICE_OVERHEAD_TRAIN_BYTES if w.training else DEVICE_OVERHEAD_INFER_BYTES
+
+
+def trainable_params(spec: ModelSpec, w: Workload) -> int:
+    if w.method == "full" or not w.training:
+        return spec.params if w.training else 0
+    from gpuready.memory.lm import lora_targets
+
+    targets = lora_targets(spec, w)
+    per_layer = sum(
+        w.lora_r * (lin.in_features + lin.out_features) for lin in spec.block_linears if lin.name in targets
+    )
+    return per_layer * spec.layers
+
+
+def estimate(
+    workload: Workload,
+    gpu_memory_bytes: int | None = None,
+    *,
+    spec: ModelSpec | None = None,
+    find_max_batch: bool = True,
+) -> MemoryEstimate:
+    """Peak memory per GPU of `workload`; with `gpu_memory_bytes`, whether it fits and the largest batch."""
+    spec = spec or resolve_model(workload.model)
+    _check_supported(spec, workload)
+    allocated, reserved, phase, breakdown, phases = _core(spec, workload)
+    overhead = device_overhead_bytes(workload)
+    breakdown = dict(sorted(breakdown.items(), key=lambda kv: -kv[1]))
+    result = MemoryEstimate(
+        model=spec.name,
+        params=spec.params,
+        trainable_params=trainable_params(spec, workload),
+        peak_allocated_bytes=allocated,
+        peak_reserved_bytes=reserved,
+        peak_device_bytes=reserved + overhead,
+        phase=phase,
+        breakdown=breakdown,
+        assumptions=assumptions(spec, workload),
+        phases=dict(phases),
+    )
+    if gpu_memory_bytes is None:
+        return result
+    device = reserved + overhead
+    max_batch = largest_batch(spec, workload, gpu_memory_bytes) if find_max_batch else None
+    mitigations = []
+    if device > gpu_memory_bytes and find_max_batch:
+        from gpuready.memory.mitigations import suggest
+
+        mitigations = [m.to_json() for m in suggest(workload, gpu_memory_bytes)]
+    return replace(
+        result,
+        gpu_memory_bytes=gpu_memory_bytes,
+        fits=device <= gpu_memory_bytes,
+        headroom_bytes=gpu_memory_bytes - device,
+        max_batch=max_batch,
+        mitigations=mitigations,
+    )
+
+
+def peak_device_for_batch(spec: ModelSpec, w: Workload, batch: int) -> int:
+    reserved = _core(spec, w.model_copy(update={"batch": batch}))[1]
+    return reserved + device_overhead_bytes(w)
+
+
+def largest_batch(spec: ModelSpec, w: Workload, capacity: int, limit: int = 1 << 16) -> int:
+    """Largest micro-batch whose predicted peak device memory fits `capacity` (0 if batch 1 does not)."""
+    if peak_device_for_batch(spec, w, 1) > capacity:
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and peak_device_for_batch(spec, w, hi) <= capacity:
+        lo, hi = hi, hi * 2
+    if hi > limit:
+        return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if peak_device_for_batch(spec, w, mid) <= capacity:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def assumptions(spec: ModelSpec, w: Workload) -> list[str]:
+    from gpuready.memory.dtypes import dtypes_for
+
+    out = [
+        "one GPU; PyTorch caching allocator with default settings (expandable_segments off)",
+        f"device overhead (CUDA context + cuBLAS/cuDNN workspaces) {device_overhead_bytes(w) / 2**20:.0f} MiB, "
+        "as measured on an H200 with torch 2.11",
+    ]
+    if spec.kind == "lm":
+        from gpuready.memory.lm import make_ctx
+
+        ctx = make_ctx(spec, w)
+        kernels = {
+            "flash": "FlashAttention (keeps q, k, v, output and log-sum-exp)",
+            "efficient": "memory-efficient attention (keeps q, k, v, output and log-sum-exp)",
+            "math": "SDPA math path (keeps batch×heads×seq² probabilities)",
+            "eager": "eager attention (keeps batch×heads×seq² scores in fp32 and in the model dtype)",
+        }
+        out.append(f"attention kernel: {kernels[ctx.backend]}")
+        if w.training:
+            out.append("Hugging Face loss: logits upcast to fp32, log-softmax kept for backward")
+            if w.method != "full":
+                targets = ",".join(sorted(ctx.lora)) or "none"
+                out.append(f"LoRA r={w.lora_r} on {targets}; adapters in fp32 (peft autocast_adapter_dtype)")
+            if w.method == "qlora":
+                out.append("QLoRA: NF4 weights with double quantization (bitsandbytes), 0.516 bytes/param")
+            if w.grad_ckpt:
+                out.append("gradient checkpointing: each layer's input kept, the layer recomputed in backward")
+        elif w.new_tokens:
+            out.append("generate(): KV cache grown by torch.cat each step (DynamicCache); last-position logits")
+        else:
+            out.append("one forward pass with use_cache=True over the whole prompt; logits for every position")
+        if spec.experts:
+            out.append(f"mixture of experts: {spec.experts_per_token} of {spec.experts} experts per token")
+    dt = dtypes_for(w)
+    if dt.autocast:
+        out.append("mixed: fp32 weights, gradients and optimizer states; bf16 autocast copies of weights")
+    if w.training:
+        out.append(f"optimizer {w.optim} with PyTorch's default implementation (foreach on CUDA)")
+    if w.shard == "fsdp":
+        out.append(
+            f"FSDP2 over {w.gpus} GPUs: parameters, gradients and optimizer states sharded; each layer "
+            "gathered for its forward and backward (next one prefetched); the root stays gathered"
+        )
+    elif w.shard == "ddp":
+        out.append(f"DDP over {w.gpus} GPUs: a full replica per GPU plus gradient buckets (a gradient-sized copy)")
+    elif w.gpus > 1:
+        out.append(f"--gpus {w.gpus} without --shard: each GPU runs its own copy; figures are per GPU")
+    return out

@@ -1,0 +1,649 @@
+"""Language models (Hugging Face transformers, decoder-only) as a program of GPU allocations.
+
+What each op keeps for backward follows PyTorch autograd's formulas (tools/autograd/derivatives.yaml: an input
+is saved only when the *other* operand needs its gradient, e.g. a frozen linear does not keep its input) and the
+model code in transformers (modeling_llama.py and relatives; loss_utils.ForCausalLMLoss upcasts logits to fp32).
+Attention kernels are chosen as CUDA would (torch/backends/cuda, aten/.../sdp_utils.cpp): flash for 16-bit
+without a mask (keeps q, k, v, out and the fp32 log-sum-exp), memory-efficient when a mask is needed or in fp32
+without grouped-query heads, the math path otherwise (keeps the B·heads·S² probabilities).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuready.memory.dtypes import Dtypes, dtypes_for
+from gpuready.memory.optimizer import Trainable, optimizer_step
+from gpuready.memory.program import Program
+from gpuready.models.spec import Linear, ModelSpec
+from gpuready.workload import Workload
+
+# QLoRA: NF4 weights are 4 bits; double quantization stores 8-bit absmax per 64 weights plus an fp32 per 256
+# blocks: 8/64 + 32/(64*256) = 0.127 bits/param (Dettmers et al. 2023, QLoRA, section 3).
+NF4_BYTES_PER_PARAM = 0.5 + 0.127 / 8
+
+# PyTorch takes cuBLAS workspaces from the caching allocator, one per (handle, stream), kept for the process;
+# 32 MiB each on Hopper (CUBLAS_WORKSPACE_CONFIG default :4096:8, aten/src/ATen/cuda/CublasHandlePool.cpp)
+CUBLAS_WORKSPACE_BYTES = 32 * 1024**2
+
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+GPT2_LORA_TARGETS = ("c_attn", "c_proj", "c_fc")
+
+
+@dataclass(frozen=True)
+class Ctx:
+    spec: ModelSpec
+    w: Workload
+    dt: Dtypes
+    tokens: int  # B*S in training / prefill
+    full: bool  # full fine-tuning: block weights train
+    lora: frozenset[str]  # linear names that carry a LoRA adapter
+    backend: str  # attention kernel: flash, efficient, math, eager
+    mask: bool  # an explicit attention mask is built (sliding window shorter than the sequence)
+    shards: int = 1  # FSDP: parameters, gradients and optimizer states are split over this many GPUs
+
+
+def lora_targets(spec: ModelSpec, w: Workload) -> frozenset[str]:
+    if w.method == "full":
+        return frozenset()
+    names = {lin.name for lin in spec.block_linears if lin.count == 1}
+    wanted = set(w.lora_targets or (GPT2_LORA_TARGETS if spec.model_type == "gpt2" else DEFAULT_LORA_TARGETS))
+    # peft matches a target by the module name's last component; gpt2's two c_proj are both matched by c_proj
+    hit = {n for n in names if n in wanted or n.split(".")[-1] in wanted}
+    return frozenset(hit)
+
+
+def attention_backend(spec: ModelSpec, w: Workload, dt: Dtypes, seq: int) -> tuple[str, bool]:
+    """The kernel CUDA's SDPA dispatcher would pick for this job, and whether a mask tensor is built."""
+    if w.attn == "eager":
+        return "eager", True
+    mask = bool(spec.sliding_window and seq > spec.sliding_window)
+    gqa = spec.kv_heads < spec.heads and not spec.mla
+    half = dt.act == 2
+    if w.attn == "flash":
+        return "flash", False
+    if half and not mask and spec.head_dim <= 256:
+        return "flash", False
+    # memory-efficient attention supports masks and fp32 but not enable_gqa; with a mask transformers
+    # repeats K/V to all heads itself (repeat_kv), so GQA does not block it there
+    if mask or not gqa:
+        return "efficient", mask
+    return "math", False
+
+
+def make_ctx(spec: ModelSpec, w: Workload) -> Ctx:
+    dt = dtypes_for(w)
+    tokens = w.batch * w.seq
+    backend, mask = attention_backend(spec, w, dt, w.seq)
+    shards = w.gpus if w.shard == "fsdp" else 1
+    return Ctx(spec, w, dt, tokens, w.method == "full", lora_targets(spec, w), backend, mask, shards)
+
+
+# ---------------------------------------------------------------------------------------------- weights
+def _linear_weight_bytes(ctx: Ctx, lin: Linear) -> int:
+    n = lin.in_features * lin.out_features * lin.count
+    if ctx.w.method == "qlora":
+        return int(n * NF4_BYTES_PER_PARAM)
+    return n * ctx.dt.param
+
+
+def load_weights(prog: Program, ctx: Ctx) -> tuple[list[Trainable], int]:
+    """Allocate every parameter as from_config builds it on the GPU; returns the trainable tensors and the
+    bytes of linear weights that autocast will cast to bf16 each step."""
+    spec, p = ctx.spec, ctx.dt.param
+    trainable: list[Trainable] = []
+    h = spec.hidden
+
+    def param(nbytes: int, numel: int, trains: bool, cat: str = "weights") -> None:
+        n = ctx.shards  # FSDP keeps 1/n of every parameter (a DTensor shard) on each GPU
+        prog.alloc(cat, -(-nbytes // n))
+        if trains:
+            trainable.append(Trainable(-(-numel // n), p if cat == "weights" else 4))
+
+    param(spec.vocab * h * p, spec.vocab * h, ctx.full)
+    if spec.learned_positions:
+        param(spec.learned_positions * h * p, spec.learned_positions * h, ctx.full)
+    norm_numel = h * (2 if spec.norm == "layer" else 1)
+    cast_bytes = 0
+    for layer in range(spec.layers):
+        dense = layer < spec.dense_layers
+        for lin in spec.block_linears:
+            if dense and lin.count > 1:
+                # deepseek's leading dense layers: one MLP of intermediate_size instead of the experts
+                lin = Linear(
+                    lin.name,
+                    lin.in_features if lin.in_features == h else spec.intermediate,
+                    spec.intermediate if lin.out_features != h else h,
+                    lin.bias,
+                    1,
+                )
+            if dense and lin.name.startswith("shared_experts"):
+                continue
+            numel = lin.in_features * lin.out_features * lin.count
+            param(_linear_weight_bytes(ctx, lin), numel, ctx.full)
+            cast_bytes += numel * 2
+            if lin.bias:
+                param(lin.out_features * lin.count * p, lin.out_features * lin.count, ctx.full)
+            if lin.name in ctx.lora:
+                r = ctx.w.lora_r
+                # peft creates adapters in fp32 (get_peft_model(autocast_adapter_dtype=True), peft >= 0.12)
+                param(r * lin.in_features * 4, r * lin.in_features, True, "lora_adapters")
+                param(lin.out_features * r * 4, lin.out_features * r, True, "lora_adapters")
+        if spec.experts and not dense:
+            param(h * spec.experts * p, h * spec.experts, ctx.full)  # router
+        for _ in range(spec.norms_per_layer):
+            param(norm_numel * p, norm_numel, ctx.full)
+        if spec.qk_norm:
+            param(2 * spec.head_dim * p, 2 * spec.head_dim, ctx.full)
+        if spec.mla:
+            param(spec.kv_lora_rank * p, spec.kv_lora_rank, ctx.full)
+    param(norm_numel * p, norm_numel, ctx.full)
+    if not spec.tied:
+        param(spec.vocab * h * p, spec.vocab * h, ctx.full)
+    return trainable, cast_bytes
+
+
+# ---------------------------------------------------------------------------------------------- one block
+@dataclass
+class Saved:
+    handle: int
+    grad_bytes: int  # the gradient backward produces at this node (activation-sized)
+    param_grads: tuple[int, ...] = ()  # weight gradients allocated at this node
+
+
+def _mlp_width(spec: ModelSpec, layer: int) -> tuple[int, int]:
+    """(intermediate width per routed token, fan-out of each token) for this layer's MLP."""
+    if spec.experts and layer >= spec.dense_layers:
+        return spec.moe_intermediate, spec.experts_per_token
+    return spec.intermediate, 1
+
+
+def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved]:
+    """One decoder layer's forward over ctx.tokens tokens. With keep=False (no_grad, or recomputed later by
+    checkpointing) nothing is saved and only the transient peak is simulated."""
+    spec, dt, T = ctx.spec, ctx.dt, ctx.tokens
+    h, a, kv, d = spec.hidden, spec.heads, spec.kv_heads, spec.head_dim
+    e, r = dt.act, dt.resid
+    full = ctx.full
+    saved: list[Saved] = []
+    temps: list[int] = []
+
+    def save(nbytes: int, grad: int = 0, pgrads: tuple[int, ...] = ()) -> None:
+        handle = prog.alloc("activations", nbytes)
+        if keep:
+            saved.append(Saved(handle, grad, pgrads))
+        else:
+            temps.append(handle)
+
+    def tmp(nbytes: int) -> int:
+        handle = prog.alloc("activations", nbytes)
+        temps.append(handle)
+        return handle
+
+    def drop(handle: int) -> None:
+        temps.remove(handle)
+        prog.free(handle)
+
+    def norm() -> None:
+        # RMSNorm (LlamaRMSNorm): x.to(fp32) is kept by pow (in fp32 runs that is the input itself);
+        # weight * y.to(dtype) keeps y only when the weight trains. Gemma2RMSNorm multiplies the fp32 y by
+        # (1 + weight) and keeps that fp32 y. LayerNorm (native_layer_norm) keeps its input.
+        if spec.norm == "layer":
+            save(T * h * r, T * h * e)
+            return
+        save(T * h * 4, T * h * e)
+        if full:
+            save(T * h * (4 if spec.model_type == "gemma2" else r))
+
+    def linear_in(lin: Linear, width: int, shared: bool) -> None:
+        """What a linear keeps of its input: the input when the weight trains (once per shared input; autocast
+        makes and keeps a bf16 copy per call), and peft's fp32 copy of the input for an adapter."""
+        w_grad = (lin.in_features * lin.out_features * lin.count * dt.param,) if full else ()
+        if ctx.w.method == "qlora":
+            # bitsandbytes MatMul4Bit dequantizes the NF4 weight to the compute dtype for each matmul
+            prog.transient("quantization_temporaries", lin.in_features * lin.out_features * e)
+        if full and (dt.autocast or not shared):
+            save(T * width * e, 0, w_grad)
+        elif full:
+            saved_grad_only = Saved(-1, 0, w_grad)
+            if keep:
+                saved.append(saved_grad_only)
+        if lin.name in ctx.lora:
+            save(T * width * (2 if dt.autocast else 4), 0, ())
+            save(T * ctx.w.lora_r * 4, 0, ())
+
+    lins = {lin.name: lin for lin in spec.block_linears}
+    # --- attention
+    norm()
+    if full and not dt.autocast:
+        save(T * h * e)  # the norm output, shared by the projections that follow
+    q_width = a * (spec.qk_nope_dim + spec.qk_rope_dim) if spec.mla else a * d
+    kv_width = kv * d if not spec.mla else 0
+    for name in ("q_proj", "k_proj", "v_proj", "qkv_proj", "c_attn", "kv_a_proj_with_mqa"):
+        if name in lins:
+            linear_in(lins[name], h, True)
+    if spec.mla:
+        # kv_a output (compressed latent) -> RMSNorm -> kv_b_proj -> per-head K_nope and V
+        latent = spec.kv_lora_rank + spec.qk_rope_dim
+        save(T * latent * 4, T * latent * e)
+        linear_in(lins["kv_b_proj"], spec.kv_lora_rank, False)
+        k_width = a * (spec.qk_nope_dim + spec.qk_rope_dim)
+        v_width = a * spec.v_head_dim
+    else:
+        k_width = v_width = kv_width
+    if spec.qk_norm:
+        save(T * (q_width + k_width) * 4, T * (q_width + k_width) * e)
+    # RoPE makes new q and k (q*cos + rotate_half(q)*sin); its temporaries live only for a moment
+    t1 = tmp(T * q_width * e)
+    drop(t1)
+    out_width = a * (spec.v_head_dim or d)
+    backend = ctx.backend
+    expanded = backend in ("eager", "efficient") and ctx.mask and k_width < q_width
+    kq = q_width if (expanded or (backend == "eager" and k_width < q_width)) else k_width
+    vq = out_width if (expanded or (backend == "eager" and v_width < out_width)) else v_width
+    if backend in ("flash", "efficient"):
+        save(T * q_width * e, T * q_width * e)  # q after RoPE
+        save(T * kq * e, T * kq * e)
+        save(T * vq * e, T * vq * e)
+        save(T * out_width * e)  # output, also o_proj's input
+        save(T * a * 4)  # log-sum-exp, fp32
+    else:
+        S = ctx.w.seq
+        scores = T * a * S  # elements: batch * heads * seq * seq
+        if backend == "math":
+            save(T * q_width * e, T * q_width * e)  # q * sqrt(scale)
+            save(T * q_width * e, T * q_width * e)  # k * sqrt(scale), repeated to all heads
+            t = tmp(scores * e)  # q @ k^T
+            t2 = tmp(scores * e)  # + causal mask
+            drop(t)
+            save(scores * e, scores * e)  # softmax output
+            drop(t2)
+            save(T * out_width * e)  # v, repeated
+        else:  # eager: matmul, * scaling, + mask, softmax in fp32, .to(dtype), matmul with v
+            save(T * q_width * e)
+            save(T * kq * e, T * kq * e)
+            t = tmp(scores * e)
+            t2 = tmp(scores * e)
+            drop(t)
+            t3 = tmp(scores * e)
+            drop(t2)
+            save(scores * 4, scores * 4)
+            drop(t3)
+            save(scores * e, scores * e)
+            save(T * vq * e)
+        save(T * out_width * e)  # transpose(1, 2).contiguous() for o_proj
+    o = lins.get("o_proj") or lins.get("c_proj")
+    if o is not None:
+        linear_in(o, out_width, True)
+    if spec.model_type == "gpt2" and ctx.w.task == "train":
+        save(T * h)  # resid_pdrop dropout keeps a bool mask
+    for _ in range(spec.norms_per_layer - 2):
+        norm()  # gemma2's post-attention norm (its pre/post-feedforward pair adds one more below)
+    # --- MLP
+    norm()
+    width, fan = _mlp_width(spec, layer)
+    Tm = T * fan
+    if full and not dt.autocast:
+        save(T * h * e)
+    gate_up = [n for n in ("gate_proj", "up_proj", "gate_up_proj", "c_fc") if n in lins]
+    for name in gate_up:
+        lin = lins[name]
+        if lin.count > 1:
+            save(Tm * h * e)  # tokens gathered per expert
+        linear_in(lin, h, True)
+    if spec.gated_mlp:
+        save(Tm * width * e, Tm * width * e)  # gate output, kept by the activation
+        save(Tm * width * e, Tm * width * e)  # up output, kept by the product
+        save(Tm * width * e, Tm * width * e)  # activation output, kept by the product
+    else:  # gpt2's gelu_new is written out in Python: x, tanh(...), 0.5*x and 1+tanh(...) are kept
+        save(Tm * width * e, Tm * width * e)
+        save(Tm * width * e)
+        save(Tm * width * e)
+        save(Tm * width * e)
+    down = lins.get("down_proj") or lins.get("mlp.c_proj")
+    if down is not None:
+        lin = Linear(down.name, down.in_features, down.out_features, down.bias, 1)
+        if full:
+            save(Tm * width * e, 0, (down.in_features * down.out_features * down.count * dt.param,))
+        elif down.name in ctx.lora:
+            linear_in(lin, width, False)
+    if spec.shared_intermediate and layer >= spec.dense_layers:
+        s = spec.shared_intermediate
+        for _ in range(4):
+            save(T * s * e, T * s * e)
+    if spec.model_type == "gpt2" and ctx.w.task == "train":
+        save(T * h)
+    for _ in range(spec.norms_per_layer - 2 - 1):
+        norm()
+    for handle in list(temps):
+        drop(handle)
+    return saved
+
+
+def block_nograd(
+    prog: Program, ctx: Ctx, x: int, layer: int, cache_kv: bool, keep_input: bool = False
+) -> tuple[int, list[int]]:
+    """One decoder layer's forward without autograd (inference, or the first pass of a checkpointed layer):
+    tensors are freed as soon as Python drops them. Returns the new residual handle and, with cache_kv,
+    the layer's K and V (kept as the KV cache; otherwise they are freed)."""
+    spec, dt, T = ctx.spec, ctx.dt, ctx.tokens
+    h, e, r = spec.hidden, dt.act, dt.resid
+    q_w = spec.heads * (spec.qk_nope_dim + spec.qk_rope_dim) if spec.mla else spec.heads * spec.head_dim
+    k_w = q_w if spec.mla else spec.kv_heads * spec.head_dim
+    v_w = spec.heads * spec.v_head_dim if spec.mla else k_w
+    out_w = spec.heads * (spec.v_head_dim or spec.head_dim)
+    width, fan = _mlp_width(spec, layer)
+
+    def norm(x_in: int) -> int:
+        # LlamaRMSNorm as it runs: x.to(fp32) (a copy unless already fp32), pow(2), mean, + eps, rsqrt,
+        # x * rsqrt, .to(dtype), weight * y (the order of allocations and frees follows a traced run)
+        x32 = prog.alloc("activations", T * h * 4) if r == 2 else 0
+        sq = prog.alloc("activations", T * h * 4)
+        mean = prog.alloc("activations", T * 4)
+        prog.free(sq)
+        eps = prog.alloc("activations", T * 4)
+        rs = prog.alloc("activations", T * 4)
+        prog.free(eps)
+        y32 = prog.alloc("activations", T * h * 4)
+        prog.free(rs)
+        prog.free(x32)
+        yb = prog.alloc("activations", T * h * r) if r == 2 else 0
+        out = prog.alloc("activations", T * h * r)
+        prog.free(yb)
+        prog.free(y32)
+        prog.free(mean)
+        return out
+
+    def rope(width: int) -> int:
+        # q*cos + rotate_half(q)*sin: the product, -x2, cat, its product with sin, the sum
+        a = prog.alloc("activations", T * width * e)
+        neg = prog.alloc("activations", T * width * e // 2)
+        cat = prog.alloc("activations", T * width * e)
+        prog.free(neg)
+        b = prog.alloc("activations", T * width * e)
+        prog.free(cat)
+        out = prog.alloc("activations", T * width * e)
+        prog.free(a)
+        prog.free(b)
+        return out
+
+    normed = norm(x)
+    q = prog.alloc("activations", T * q_w * e)
+    k = prog.alloc("activations", T * k_w * e)
+    v = prog.alloc("activations", T * v_w * e)
+    q2 = rope(q_w)
+    k2 = rope(k_w)
+    prog.free(q)
+    prog.free(k)
+    kept: list[int] = []
+    if cache_kv:  # DynamicCache stores its own copies of the rotated K and of V
+        kept = [prog.alloc("kv_cache", T * k_w * e), prog.alloc("kv_cache", T * v_w * e)]
+    if ctx.backend in ("eager", "math"):
+        scores = T * spec.heads * (ctx.w.seq if T == ctx.w.batch * ctx.w.seq else 1)
+        prog.transient("activations", scores * e, scores * 4, scores * e)
+    attn = prog.alloc("activations", T * out_w * e)
+    prog.transient("activations", T * spec.heads * 4)  # the kernel's log-sum-exp
+    prog.free(k2)
+    prog.free(v)
+    o = prog.alloc("activations", T * h * e)
+    prog.free(attn)
+    prog.free(q2)
+    prog.free(normed)
+    x2 = prog.alloc("activations", T * h * r)
+    prog.free(o)
+    normed = norm(x2)
+    Tm = T * fan
+    gate = prog.alloc("activations", Tm * width * e)
+    act = prog.alloc("activations", Tm * width * e)
+    prog.free(gate)
+    up = prog.alloc("activations", Tm * width * e)
+    prod = prog.alloc("activations", Tm * width * e)
+    prog.free(act)
+    prog.free(up)
+    down = prog.alloc("activations", T * h * e)
+    prog.free(prod)
+    prog.free(normed)
+    x3 = prog.alloc("activations", T * h * r)
+    prog.free(down)
+    prog.free(x2)
+    if not keep_input:
+        prog.free(x)  # the caller's loop variable holds the layer's input until the layer returns
+    return x3, kept
+
+
+def block_backward(prog: Program, saved: list[Saved], grads: list[int], accumulate: bool, shards: int = 1) -> None:
+    """Walk one layer's saved tensors in reverse: each node allocates its input gradient, then frees what it
+    kept and the gradient it consumed; weight gradients appear at their linear (with gradient accumulation
+    after the first micro-batch the new gradient is added into .grad and freed)."""
+    current: int | None = None
+    for node in reversed(saved):
+        for g in node.param_grads:
+            handle = prog.alloc("gradients", g)
+            if shards > 1:  # FSDP reduce-scatters the full gradient into this GPU's shard
+                full, handle = handle, prog.alloc("gradients", -(-g // shards))
+                prog.free(full)
+            if accumulate:
+                prog.free(handle)
+            else:
+                grads.append(handle)
+        new = prog.alloc("activations", node.grad_bytes) if node.grad_bytes else None
+        if node.handle > 0:
+            prog.free(node.handle)
+        if new is not None:
+            if current is not None:
+                prog.free(current)
+            current = new
+    if current is not None:
+        prog.free(current)
+
+
+# ---------------------------------------------------------------------------------------------- the job
+def logits_and_loss_forward(prog: Program, ctx: Ctx) -> list[int]:
+    """lm_head output -> .float() -> log_softmax (kept) ; returns handles kept for backward."""
+    T, V, e = ctx.tokens, ctx.spec.vocab, ctx.dt.act
+    logits = prog.alloc("logits_and_loss", T * V * e)
+    kept: list[int] = []
+    if ctx.spec.logit_softcap:  # gemma2: logits / cap -> tanh (kept) -> * cap
+        t = prog.alloc("logits_and_loss", T * V * e)
+        kept.append(prog.alloc("logits_and_loss", T * V * e))
+        prog.free(t)
+        t = prog.alloc("logits_and_loss", T * V * e)
+        prog.free(logits)
+        logits = t
+    up = prog.alloc("logits_and_loss", T * V * 4) if e != 4 else None
+    kept.append(prog.alloc("logits_and_loss", T * V * 4))  # log_softmax output
+    if up is not None:
+        prog.free(up)
+    prog.free(logits)  # the model output (and its bf16 logits) is dropped once .loss is taken
+    return kept
+
+
+def logits_and_loss_backward(prog: Program, ctx: Ctx, kept: list[int]) -> int:
+    T, V, e = ctx.tokens, ctx.spec.vocab, ctx.dt.act
+    g1 = prog.alloc("logits_and_loss", T * V * 4)  # nll_loss backward
+    g2 = prog.alloc("logits_and_loss", T * V * 4)  # log_softmax backward
+    prog.free(kept.pop())
+    prog.free(g1)
+    g3 = prog.alloc("logits_and_loss", T * V * e) if e != 4 else g2
+    if g3 != g2:
+        prog.free(g2)
+    for h in reversed(kept):  # softcap's tanh
+        g4 = prog.alloc("logits_and_loss", T * V * e)
+        prog.free(h)
+        prog.free(g3)
+        g3 = g4
+    return g3
+
+
+def train_program(spec: ModelSpec, w: Workload) -> Program:
+    """Three optimizer steps (states appear in the first), each of grad_accum micro-batches (at most two are
+    simulated: the second already has the first's gradients alive)."""
+    ctx = make_ctx(spec, w)
+    prog = Program(side_stream=frozenset({"fsdp_gathered_params"}) if ctx.shards > 1 else frozenset())
+    trainable, cast_bytes = load_weights(prog, ctx)
+    h, T, e, r = spec.hidden, ctx.tokens, ctx.dt.act, ctx.dt.resid
+    fsdp = ctx.shards > 1
+    layer_bytes = (cast_bytes // 2 // max(spec.layers, 1)) * ctx.dt.param + spec.norms_per_layer * h * ctx.dt.param
+    root_bytes = spec.vocab * h * ctx.dt.param * (1 if spec.tied else 2) + h * ctx.dt.param
+    if w.shard == "ddp" and trainable:
+        # DistributedDataParallel's gradient buckets (gradient_as_bucket_view=False): a second copy of every
+        # gradient, allocated when the model is wrapped (torch/nn/parallel/distributed.py, Reducer)
+        prog.alloc("ddp_gradient_buckets", sum(t.nbytes for t in trainable))
+    # one cuBLAS workspace for the forward's handle and one for the autograd thread's (backward)
+    prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
+    prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
+    state: list[int] | None = None
+    for _step in range(3):
+        grads: list[int] = []
+        for micro in range(min(w.grad_accum, 2)):
+            accumulate = micro > 0
+            prog.set_phase("forward")
+            # autocast caches a bf16 copy of each weight for the duration of the autocast region
+            casts = prog.alloc("autocast_weight_copies", cast_bytes) if ctx.dt.autocast else 0
+            # FSDP2: the root (embeddings, final norm, lm_head) stays gathered from forward to backward; each
+            # layer is all-gathered for its forward (the next one prefetched) and resharded after it
+            root = prog.alloc("fsdp_gathered_params", root_bytes) if fsdp else 0
+            gathered = [prog.alloc("fsdp_gathered_params", layer_bytes)] if fsdp else []
+            x = prog.alloc("activations", T * h * r)  # embedding output, the residual stream
+            per_layer: list[list[Saved]] = []
+            ckpt_inputs: list[int] = []
+            for layer in range(spec.layers):
+                if fsdp:
+                    if layer + 1 < spec.layers:
+                        gathered.append(prog.alloc("fsdp_gathered_params", layer_bytes))
+                    if layer > 0:
+                        prog.free(gathered.pop(0))
+                if w.grad_ckpt:
+                    # non-reentrant checkpointing keeps each layer's input and recomputes the rest in backward
+                    ckpt_inputs.append(x)
+                    x, _ = block_nograd(prog, ctx, x, layer, cache_kv=False, keep_input=True)
+                    per_layer.append([])
+                else:
+                    per_layer.append(block_forward(prog, ctx, layer, keep=True))
+            final = [prog.alloc("activations", T * h * 4)]  # final norm keeps its fp32 input
+            if ctx.full:
+                final.append(prog.alloc("activations", T * h * e))  # lm_head keeps its input
+            kept = logits_and_loss_forward(prog, ctx)
+            prog.set_phase("backward")
+            g = logits_and_loss_backward(prog, ctx, kept)
+            if ctx.full:
+                lm_head = prog.alloc("gradients", spec.vocab * h * ctx.dt.param)
+                if fsdp:
+                    full_grad, lm_head = lm_head, prog.alloc("gradients", spec.vocab * h * ctx.dt.param // ctx.shards)
+                    prog.free(full_grad)
+                if accumulate:
+                    prog.free(lm_head)
+                else:
+                    grads.append(lm_head)
+            dx = prog.alloc("activations", T * h * e)
+            prog.free(g)
+            prog.free_all(final)
+            prog.free(x)
+            prog.free_all(gathered)
+            gathered = [prog.alloc("fsdp_gathered_params", layer_bytes)] if fsdp else []
+            for layer in reversed(range(spec.layers)):
+                if fsdp:
+                    if layer > 0:
+                        gathered.append(prog.alloc("fsdp_gathered_params", layer_bytes))
+                    if layer < spec.layers - 1:
+                        prog.free(gathered.pop(0))
+                saved = per_layer[layer]
+                if w.grad_ckpt:
+                    saved = block_forward(prog, ctx, layer, keep=True)  # recomputed for its backward
+                block_backward(prog, saved, grads, accumulate, ctx.shards)
+                if w.grad_ckpt:
+                    prog.free(ckpt_inputs[layer])
+            prog.free(dx)
+            prog.free_all(gathered)
+            prog.free(root)
+            if ctx.full:
+                # embedding_dense_backward builds a full vocab x hidden gradient; with tied embeddings it is
+                # added into the lm_head's .grad and freed
+                emb = prog.alloc("gradients", spec.vocab * h * ctx.dt.param)
+                if spec.tied or accumulate:
+                    prog.free(emb)
+                else:
+                    grads.append(emb)
+            elif not accumulate:
+                grads.extend(prog.alloc("gradients", t.nbytes) for t in trainable)
+            prog.free(casts)
+        prog.set_phase("optimizer step")
+        if ctx.full:
+            # norms, biases and routers get their (small) gradients along the way
+            rest = sum(t.nbytes for t in trainable) - _sum_sizes(prog, grads)
+            if rest > 0:
+                grads.append(prog.alloc("gradients", rest))
+        state = optimizer_step(prog, w.optim, trainable, state)
+        prog.set_phase("forward")
+        prog.free_all(grads)
+    return prog
+
+
+def _sum_sizes(prog: Program, handles: list[int]) -> int:
+    return sum(prog.live[h][1] for h in handles)
+
+
+def infer_program(spec: ModelSpec, w: Workload) -> Program:
+    """generate() (prefill, then one token per step into a DynamicCache grown by torch.cat), or with
+    --new-tokens 0 two plain forward passes with use_cache=True over the prompt."""
+    ctx = make_ctx(spec, w)
+    prog = Program()
+    load_weights(prog, ctx)
+    prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
+    h, e, B, S, V = spec.hidden, ctx.dt.act, w.batch, w.seq, spec.vocab
+    kv_tok = spec.kv_bytes_per_token_per_layer_elems * e // 2  # bytes per K (or V), per token, per layer
+
+    def window(tokens: int, layer: int) -> int:
+        # sliding-window layers keep only the window (transformers' DynamicSlidingWindowLayer)
+        if spec.sliding_window and layer < spec.sliding_layers:
+            return min(tokens, spec.sliding_window)
+        return tokens
+
+    for _rep in range(1 if w.new_tokens else 2):
+        prog.set_phase("prefill")
+        # the model's forward keeps `inputs_embeds` referenced for the whole pass
+        embeds = prog.alloc("activations", B * S * h * ctx.dt.resid)
+        x = embeds
+        cache: list[int] = []
+        for layer in range(spec.layers):
+            x, kv = block_nograd(prog, ctx, x, layer, cache_kv=True, keep_input=layer == 0)
+            if window(S, layer) < S:
+                kv_win = [prog.alloc("kv_cache", B * window(S, layer) * kv_tok) for _ in kv]
+                prog.free_all(kv)
+                kv = kv_win
+            cache.extend(kv)
+        normed = prog.alloc("activations", B * S * h * ctx.dt.resid)
+        prog.free(x)
+        prog.free(embeds)
+        if w.new_tokens == 0:
+            logits = prog.alloc("logits_and_loss", B * S * V * e)  # every position's logits
+            prog.free(normed)
+            prog.free(logits)
+            prog.free_all(cache)
+            continue
+        logits = prog.alloc("logits_and_loss", B * V * e)  # generate asks for the last position only
+        prog.free(normed)
+        scores = prog.alloc("logits_and_loss", B * V * 4)  # .to(float32, copy=True)
+        prog.free(logits)
+        prog.set_phase("decode")
+        decode = make_ctx(spec, w.model_copy(update={"seq": 1}))
+        # every step grows each layer's K and V by one token (torch.cat makes the longer tensor, then the old one
+        # goes): these large-pool allocations drive the allocator, so all of them are replayed; a step's own
+        # activations (batch x width, mostly small-pool) are simulated on the first and the last step
+        for step in range(1, w.new_tokens):
+            t = S + step
+            full_step = step in (1, w.new_tokens - 1)
+            x = prog.alloc("activations", B * h * ctx.dt.resid) if full_step else 0
+            for layer in range(spec.layers):
+                if full_step:
+                    x, _ = block_nograd(prog, decode, x, layer, cache_kv=False)
+                for i in (0, 1):
+                    old = cache[2 * layer + i]
+                    cache[2 * layer + i] = prog.alloc("kv_cache", B * window(t, layer) * kv_tok)
+                    prog.free(old)
+            if full_step:
+                prog.transient("logits_and_loss", B * V * e, B * V * 4)
+                prog.free(x)
+        prog.free(scores)
+        prog.free_all(cache)
+    return prog

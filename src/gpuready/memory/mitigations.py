@@ -1,0 +1,73 @@
+"""What to change when a job does not fit: each candidate is re-estimated, not guessed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gpuready.workload import Workload
+
+
+@dataclass(frozen=True)
+class Mitigation:
+    change: str  # the flags to add or change, as a person would type them
+    peak_device_bytes: int
+    fits: bool
+    note: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "change": self.change,
+            "peak_device_bytes": self.peak_device_bytes,
+            "fits": self.fits,
+            "note": self.note,
+        }
+
+
+def _candidates(w: Workload) -> list[tuple[str, dict[str, Any], str]]:
+    out: list[tuple[str, dict[str, Any], str]] = []
+    if w.training:
+        if not w.grad_ckpt:
+            out.append(("--grad-ckpt", {"grad_ckpt": True}, "recompute activations in backward (~30% slower)"))
+        if w.method == "full":
+            out.append(("--method lora", {"method": "lora"}, "train adapters only"))
+        if w.method == "lora":
+            out.append(("--method qlora", {"method": "qlora"}, "4-bit base weights (needs bitsandbytes)"))
+        if w.optim == "adamw" and w.method == "full":
+            out.append(("--optim adamw8bit", {"optim": "adamw8bit"}, "8-bit optimizer states (bitsandbytes)"))
+        if w.precision in ("fp32", "mixed"):
+            out.append(("--precision bf16", {"precision": "bf16"}, "bf16 weights and states"))
+        if w.batch > 1:
+            accum = w.grad_accum * w.batch
+            out.append(
+                (
+                    f"--batch 1 --grad-accum {accum}",
+                    {"batch": 1, "grad_accum": accum},
+                    "same effective batch, one sample at a time",
+                )
+            )
+        if not w.grad_ckpt and w.method == "lora":
+            out.append(("--method qlora --grad-ckpt", {"method": "qlora", "grad_ckpt": True}, "both"))
+        if not w.grad_ckpt and w.method == "full":
+            out.append(("--method lora --grad-ckpt", {"method": "lora", "grad_ckpt": True}, "both"))
+    else:
+        if w.batch > 1:
+            out.append((f"--batch {max(1, w.batch // 2)}", {"batch": max(1, w.batch // 2)}, "half the batch"))
+        if w.precision in ("fp32", "mixed"):
+            out.append(("--precision bf16", {"precision": "bf16"}, "16-bit weights"))
+    if w.seq > 512:
+        out.append((f"--seq {w.seq // 2}", {"seq": w.seq // 2}, "half the sequence"))
+    return out
+
+
+def suggest(w: Workload, capacity_bytes: int, limit: int = 5) -> list[Mitigation]:
+    """Up to `limit` single changes (and two useful pairs), those that fit first, smallest peak first."""
+    from gpuready.memory.estimate import estimate
+
+    found = []
+    for change, update, note in _candidates(w):
+        variant = w.model_copy(update=update)
+        est = estimate(variant, find_max_batch=False)
+        found.append(Mitigation(change, est.peak_device_bytes, est.peak_device_bytes <= capacity_bytes, note))
+    found.sort(key=lambda m: (not m.fits, m.peak_device_bytes))
+    return found[:limit]

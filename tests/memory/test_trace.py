@@ -1,0 +1,113 @@
+"""The traced mode on a tiny model (CPU, fake tensors): skipped without torch/transformers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpuready.memory.trace import cuda_sdpa_kernel
+from gpuready.workload import make_workload
+
+TINY = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "vocab_size": 1000,
+    "tie_word_embeddings": False,
+}
+# embed 64k + 2 layers x (q 4096, k 2048, v 2048, o 4096, mlp 3 x 8192, 2 norms x 64) + norm 64 + head 64k
+TINY_PARAMS = 64_000 + 2 * (4096 + 2048 + 2048 + 4096 + 3 * 8192 + 128) + 64 + 64_000
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY))
+    return str(path)
+
+
+def test_cuda_kernel_choice_follows_sdp_utils() -> None:
+    assert cuda_sdpa_kernel(dtype_is_half=True, head_dim=128, has_mask=False, gqa=True) == "flash"
+    fp32 = cuda_sdpa_kernel(dtype_is_half=False, head_dim=64, has_mask=False, gqa=False, fp32=True)
+    assert fp32 == "efficient"
+    assert cuda_sdpa_kernel(dtype_is_half=True, head_dim=128, has_mask=True, gqa=False) == "efficient"
+    assert cuda_sdpa_kernel(dtype_is_half=False, head_dim=128, has_mask=False, gqa=True, fp32=True) == "math"
+    assert cuda_sdpa_kernel(dtype_is_half=True, head_dim=512, has_mask=False, gqa=True) == "math"
+
+
+@pytest.mark.torch
+def test_full_training_trace(tiny: str) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from gpuready.memory.trace import trace_estimate
+
+    est = trace_estimate(make_workload(model=tiny, batch=2, seq=32, precision="bf16"))
+    assert est.mode == "trace"
+    assert est.params == TINY_PARAMS
+    assert est.trainable_params == TINY_PARAMS
+    assert est.peak_reserved_bytes >= est.peak_allocated_bytes > 2 * TINY_PARAMS
+    assert est.peak_device_bytes > est.peak_reserved_bytes
+    assert {"load", "forward", "backward", "optimizer"} <= set(est.phases)
+    assert sum(est.breakdown.values()) == est.peak_allocated_bytes
+    # bf16 weights: every parameter tensor is live at the peak, rounded to 512 B blocks
+    assert est.breakdown["weights"] >= 2 * TINY_PARAMS
+    assert est.phase in est.phases
+
+
+@pytest.mark.torch
+def test_optimizer_states_and_lora(tiny: str) -> None:
+    pytest.importorskip("peft")
+    from gpuready.memory.trace import run_trace
+
+    full = run_trace(make_workload(model=tiny, batch=1, seq=16))
+    assert "optimizer_states" in full.trace.labels
+    lora = run_trace(make_workload(model=tiny, batch=1, seq=16, method="lora", lora_r=4))
+    assert lora.params == TINY_PARAMS
+    # 7 targets x 2 layers x r * (in + out)
+    per_layer = 4 * ((64 + 64) + (64 + 32) + (64 + 32) + (64 + 64) + 3 * (64 + 128))
+    assert lora.trainable == 2 * per_layer
+
+
+@pytest.mark.torch
+def test_more_tokens_need_more_memory_and_extrapolation_matches_tracing(tiny: str) -> None:
+    pytest.importorskip("transformers")
+    from gpuready.memory.trace import _extrapolate_decode, _replay, run_trace, trace_estimate
+
+    w = make_workload(model=tiny, task="infer", batch=4, seq=64, new_tokens=9)
+    traced = run_trace(w, decode_steps=8).trace
+    short = run_trace(w, decode_steps=3).trace
+    assert _extrapolate_decode(short, 8)
+    assert len(short.events) == len(traced.events)
+    assert _replay(short, None).peak_reserved == _replay(traced, None).peak_reserved
+    assert _replay(short, None).peak_allocated == _replay(traced, None).peak_allocated
+    small = trace_estimate(make_workload(model=tiny, task="infer", batch=4, seq=64, new_tokens=2))
+    big = trace_estimate(make_workload(model=tiny, task="infer", batch=4, seq=64, new_tokens=200))
+    # the tiny model's peak is the 32 MiB cuBLAS workspace plus prefill; decode grows with the cache:
+    # 2 layers x (K + V) x 2 kv heads x 16 dims x 2 B x batch 4 = 1024 B per token, 198 more tokens
+    assert big.phases["decode"] - small.phases["decode"] >= 198 * 1024
+
+
+def test_sharded_jobs_are_refused() -> None:
+    from gpuready.errors import InputError
+    from gpuready.memory.trace import trace_estimate
+
+    with pytest.raises(InputError):
+        trace_estimate(make_workload(model="gpt2", gpus=2, shard="ddp"))
+
+
+@pytest.mark.torch
+def test_fit_against_a_gpu_size(tiny: str) -> None:
+    pytest.importorskip("transformers")
+    from gpuready.memory.trace import trace_estimate
+
+    w = make_workload(model=tiny, batch=1, seq=16)
+    roomy = trace_estimate(w, gpu_memory_bytes=80 * 2**30)
+    assert roomy.fits is True
+    assert roomy.headroom_bytes == 80 * 2**30 - roomy.peak_device_bytes
+    tight = trace_estimate(w, gpu_memory_bytes=2**20)
+    assert tight.fits is False
