@@ -54,13 +54,9 @@ def trial_cmd(
     sweep_arg: Annotated[
         str | None, typer.Option("--sweep-arg", help="--flag=V1,V2,... substituted into your command")
     ] = None,
-    find_max: Annotated[
-        str | None, typer.Option("--find-max", help="batch or seq: the largest that runs")
-    ] = None,
-    nproc: Annotated[int, typer.Option(help="processes (GPUs) for the probe, launched with torchrun")] = 1,
-    timeout: Annotated[
-        float | None, typer.Option(help="seconds before a point is ended and recorded")
-    ] = None,
+    find_max: Annotated[str | None, typer.Option("--find-max", help="batch or seq: the largest that runs")] = None,
+    nproc: Annotated[int | None, typer.Option(help="processes (GPUs) for the probe, launched with torchrun")] = None,
+    timeout: Annotated[float | None, typer.Option(help="seconds before a point is ended and recorded")] = None,
     chart: Annotated[Path | None, typer.Option(help="write a chart: .png (matplotlib) or .svg")] = None,
     db: DbOpt = None,
     no_db: Annotated[bool, typer.Option("--no-db", help="do not record in the results database")] = False,
@@ -86,9 +82,7 @@ def trial_cmd(
         done += 1
         if progress is not None:
             shown = ", ".join(f"{k}={v}" for k, v in point.values.items())
-            progress.update(
-                task, advance=1, description=f"{shown}: {point.status} {_gib(point.peak_device_bytes)}"
-            )
+            progress.update(task, advance=1, description=f"{shown}: {point.status} {_gib(point.peak_device_bytes)}")
 
     def on_line(line: str) -> None:
         stream.write(line + "\n")
@@ -101,9 +95,7 @@ def trial_cmd(
             if sweep or find_max:
                 raise InputError("--sweep", "with your own command use --sweep-arg --flag=V1,V2,...")
             if any(v is not None for v in workload_flags.values()):
-                raise InputError(
-                    "--batch", "workload flags apply to the built-in probe; use --sweep-arg for a command"
-                )
+                raise InputError("--batch", "workload flags apply to the built-in probe; use --sweep-arg for a command")
             parsed_arg = parse_sweep_arg(sweep_arg) if sweep_arg else None
             if progress is not None:
                 progress.update(task, total=len(parsed_arg[1]) if parsed_arg else 1)

@@ -186,8 +186,7 @@ class ResultsDB:
     ) -> int:
         with self._tx() as conn:
             cur = conn.execute(
-                "INSERT INTO runs (started_at, kind, target, variable, workload, host, gpu)"
-                " VALUES (?,?,?,?,?,?,?)",
+                "INSERT INTO runs (started_at, kind, target, variable, workload, host, gpu) VALUES (?,?,?,?,?,?,?)",
                 (
                     time.time(),
                     kind,
@@ -201,9 +200,7 @@ class ResultsDB:
             return int(cur.lastrowid or 0)
 
     def add_point(self, run_id: int, point: dict[str, Any]) -> int:
-        data = {
-            k: v for k, v in point.items() if k not in (*_POINT_COLUMNS, "values", "ok", "status", "error")
-        }
+        data = {k: v for k, v in point.items() if k not in (*_POINT_COLUMNS, "values", "ok", "status", "error")}
         with self._tx() as conn:
             cur = conn.execute(
                 "INSERT INTO points (run_id, created_at, vals, ok, status, error, peak_allocated_bytes,"

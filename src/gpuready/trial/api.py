@@ -57,9 +57,7 @@ def _capacity(points: list[Point], given: int | None) -> int | None:
     return max(totals) if totals else None
 
 
-def _calibration(
-    points: list[Point], predict: Predictor | None, variable: str | None
-) -> list[dict[str, Any]]:
+def _calibration(points: list[Point], predict: Predictor | None, variable: str | None) -> list[dict[str, Any]]:
     """Measured vs predicted peak device memory for each point that ran."""
     out: list[dict[str, Any]] = []
     if predict is None or variable is None:
@@ -148,7 +146,7 @@ def trial_probe(
     *,
     sweep: tuple[str, list[int]] | None = None,
     find_max: str | None = None,
-    nproc: int = 1,
+    nproc: int | None = None,
     timeout: float | None = None,
     db: ResultsDB | None = None,
     predictor: Predictor | bool | None = True,
@@ -163,7 +161,7 @@ def trial_probe(
         raise InputError("--find-max", "use either --sweep or --find-max, one variable at a time")
     if find_max is not None and find_max not in FIND_MAX_GRANULARITY:
         raise InputError("--find-max", f"{find_max!r}: allowed: batch, seq")
-    if nproc < 1:
+    if nproc is not None and nproc < 1:
         raise InputError("--nproc", "an integer ≥ 1")
     backend = ProbeBackend(workload, nproc=nproc, on_line=on_line)
     if timeout is not None:

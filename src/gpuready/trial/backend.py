@@ -77,7 +77,9 @@ def probe_spec(workload: Workload) -> dict[str, Any]:
     }
 
 
-def point_from_probe(values: dict[str, Any], results: list[dict[str, Any]], wall: float) -> Point:
+def point_from_probe(
+    values: dict[str, Any], results: list[dict[str, Any]], wall: float, per_rank: bool = False
+) -> Point:
     """Merge the per-rank result dicts of one probe run into a Point (peaks: the largest rank's)."""
     first = results[0]
 
@@ -109,13 +111,10 @@ def point_from_probe(values: dict[str, Any], results: list[dict[str, Any]], wall
     }
     ranks = (
         [
-            {
-                k: r.get(k)
-                for k in ("rank", "peak_allocated_bytes", "peak_reserved_bytes", "peak_device_bytes", "ok")
-            }
+            {k: r.get(k) for k in ("rank", "peak_allocated_bytes", "peak_reserved_bytes", "peak_device_bytes", "ok")}
             for r in results
         ]
-        if len(results) > 1
+        if (per_rank or len(results) > 1)
         else []
     )
     return Point(
@@ -146,7 +145,7 @@ class ProbeBackend:
     """Each point: write the spec, run `python -m gpuready.trial.probe` (torchrun if nproc > 1), read it."""
 
     workload: Workload
-    nproc: int = 1
+    nproc: int | None = None  # None: a plain child; N: torchrun with N processes (1 included)
     timeout: float = DEFAULT_PROBE_TIMEOUT_SECONDS
     run: runner.RunFn = runner.run
     on_line: Callable[[str], None] | None = None
@@ -158,14 +157,12 @@ class ProbeBackend:
             spec_path = Path(tmp) / "spec.json"
             out_path = Path(tmp) / "result.json"
             spec_path.write_text(json.dumps(spec), encoding="utf-8")
-            argv = runner.python_module_argv(
-                "gpuready.trial.probe", str(spec_path), str(out_path), nproc=self.nproc
-            )
+            argv = runner.python_module_argv("gpuready.trial.probe", str(spec_path), str(out_path), nproc=self.nproc)
             proc = self.run(argv, timeout=self.timeout, env=_child_env(), on_line=self.on_line)
             files = [out_path] if out_path.exists() else sorted(Path(tmp).glob("result.json.rank*"))
             results = [json.loads(f.read_text(encoding="utf-8")) for f in files]
         if results:
-            return point_from_probe(values, results, proc.duration_seconds)
+            return point_from_probe(values, results, proc.duration_seconds, per_rank=self.nproc is not None)
         # no result file: the child died before it could write one (killed, segfault, hung)
         status, error = classify_output(proc.output_tail, proc.returncode, proc.timed_out)
         return Point(

@@ -39,9 +39,7 @@ def _series(
     return measured, predicted
 
 
-def write_chart(
-    result: TrialResult, path: str | Path, predict: Predictor | None = None, title: str = ""
-) -> Path:
+def write_chart(result: TrialResult, path: str | Path, predict: Predictor | None = None, title: str = "") -> Path:
     """Write a PNG (matplotlib) or an SVG (.svg, or matplotlib missing). Returns the path written."""
     out = Path(path)
     if out.suffix.lower() == ".png":
@@ -65,9 +63,7 @@ def _write_png(result: TrialResult, out: Path, predict: Predictor | None, title:
     ok = [(x, y) for x, y, good, _ in measured if good]
     bad = [(x, y) for x, y, good, _ in measured if not good]
     if ok:
-        ax.plot(
-            [x for x, _ in ok], [y for _, y in ok], "o-", color="tab:blue", label="measured peak (device)"
-        )
+        ax.plot([x for x, _ in ok], [y for _, y in ok], "o-", color="tab:blue", label="measured peak (device)")
     if bad:
         cap = (result.capacity_bytes or 0) / GIB
         ax.plot(
@@ -89,9 +85,7 @@ def _write_png(result: TrialResult, out: Path, predict: Predictor | None, title:
     if result.capacity_bytes:
         ax.axhline(result.capacity_bytes / GIB, color="black", linewidth=1, label="GPU capacity")
     if result.max:
-        ax.axvline(
-            result.max, color="tab:green", linestyle=":", label=f"max {result.variable} = {result.max}"
-        )
+        ax.axvline(result.max, color="tab:green", linestyle=":", label=f"max {result.variable} = {result.max}")
     ax.set_xlabel(result.variable or "")
     ax.set_ylabel("peak GPU memory (GiB)")
     ax.set_title(title or result.target, fontsize=10)
@@ -118,11 +112,9 @@ def svg_chart(result: TrialResult, predict: Predictor | None = None, title: str 
         return h - bottom - y / y1 * (h - top - bottom)
 
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
-        'font-family="sans-serif" font-size="11">',
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">',
         f'<rect width="{w}" height="{h}" fill="white"/>',
-        f'<text x="{w / 2}" y="18" text-anchor="middle" font-size="13">'
-        f"{escape(title or result.target)}</text>",
+        f'<text x="{w / 2}" y="18" text-anchor="middle" font-size="13">{escape(title or result.target)}</text>',
         f'<line x1="{left}" y1="{h - bottom}" x2="{w - right}" y2="{h - bottom}" stroke="black"/>',
         f'<line x1="{left}" y1="{top}" x2="{left}" y2="{h - bottom}" stroke="black"/>',
         f'<text x="{w / 2}" y="{h - 8}" text-anchor="middle">{escape(result.variable or "")}</text>',
@@ -135,12 +127,8 @@ def svg_chart(result: TrialResult, predict: Predictor | None = None, title: str 
     for x in sorted({x for x, *_ in measured}):
         parts.append(f'<text x="{px(x):.1f}" y="{h - bottom + 15}" text-anchor="middle">{x}</text>')
     if cap:
-        parts.append(
-            f'<line x1="{left}" y1="{py(cap):.1f}" x2="{w - right}" y2="{py(cap):.1f}" stroke="black"/>'
-        )
-        parts.append(
-            f'<text x="{w - right}" y="{py(cap) - 4:.1f}" text-anchor="end">GPU capacity {cap:.1f} GiB</text>'
-        )
+        parts.append(f'<line x1="{left}" y1="{py(cap):.1f}" x2="{w - right}" y2="{py(cap):.1f}" stroke="black"/>')
+        parts.append(f'<text x="{w - right}" y="{py(cap) - 4:.1f}" text-anchor="end">GPU capacity {cap:.1f} GiB</text>')
     if len(predicted) > 1:
         pts = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in predicted)
         parts.append(f'<polyline points="{pts}" fill="none" stroke="darkorange" stroke-dasharray="6 4"/>')

@@ -75,7 +75,12 @@ class Nvml:
 
         try:
             handle = self._handle(index)
-            info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            try:
+                # v2 `used` leaves out the driver's reserved memory (644939776 B on an idle H200), which v1
+                # counts; calibration/h200.jsonl's device overhead is v2-based (it matched to the byte)
+                info = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+            except Exception:
+                info = pynvml.nvmlDeviceGetMemoryInfo(handle)
             name = pynvml.nvmlDeviceGetName(handle)
             if isinstance(name, bytes):
                 name = name.decode()

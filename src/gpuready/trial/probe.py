@@ -25,8 +25,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-LM_STEPS = 3
-VISION_STEPS = 4
+# Steps per job as calibration/README.md measures them; GPUREADY_PROBE_STEPS overrides (timing studies).
+LM_STEPS = int(os.environ.get("GPUREADY_PROBE_STEPS", "3"))
+VISION_STEPS = int(os.environ.get("GPUREADY_PROBE_STEPS", "4"))
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -35,9 +36,7 @@ class ProbeSkip(Exception):
 
 
 def _dtype(torch: Any, precision: str) -> Any:
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "mixed": torch.float32}[
-        precision
-    ]
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "mixed": torch.float32}[precision]
 
 
 def _autocast(torch: Any, precision: str) -> Any:
@@ -170,7 +169,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     if not torch.cuda.is_available():
         result.update(error="no CUDA GPU is visible to the probe", error_kind="no_gpu")
         return result
-    if world > 1:
+    if _under_torchrun():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         torch.distributed.init_process_group("nccl")
     device = torch.cuda.current_device()
@@ -190,15 +189,14 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         result["phase"] = "load"
         model = _build_vision(torch, spec) if is_vision else _build_lm(torch, spec)
         training = w["task"] == "train"
+        # params as PyTorch counts the model (tied embeddings once), before any LoRA adapters are added
+        result["params"] = sum(p.numel() for p in model.parameters())
         if training and not is_vision:
             if w["grad_ckpt"]:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if w["method"] in ("lora", "qlora"):
                 model = _apply_lora(model, spec)
-        result["params"] = sum(p.numel() for p in model.parameters())
-        result["trainable"] = (
-            sum(p.numel() for p in model.parameters() if p.requires_grad) if training else None
-        )
+        result["trainable"] = sum(p.numel() for p in model.parameters() if p.requires_grad) if training else None
         if world > 1 and training:
             model = _distributed_wrap(torch, model, w["shard"], world)
             # peaks count from here: the unsharded model built before sharding is not part of the job
@@ -237,9 +235,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
                             model(x)
                         times.append(clock.now() - t0)
         else:
-            vocab = int(
-                getattr(getattr(model, "config", None), "vocab_size", 0) or spec["config"]["vocab_size"]
-            )
+            vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or spec["config"]["vocab_size"])
             ids = torch.randint(0, vocab, (batch, seq), device="cuda")
             unit, per_step = "tokens/s", batch * seq
             if training:
@@ -314,6 +310,10 @@ def _record_memory(torch: Any, result: dict[str, Any], device: int) -> None:
     result["peak_device_bytes"] = result["peak_reserved_bytes"] + result["device_overhead_bytes"]
 
 
+def _under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = json.loads(Path(args[0]).read_text(encoding="utf-8"))
     out = Path(args[1])
     rank = int(os.environ.get("RANK", "0"))
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if _under_torchrun():
         out = out.with_name(f"{out.name}.rank{rank}")
     t0 = time.perf_counter()
     result = measure(spec)

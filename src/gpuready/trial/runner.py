@@ -122,9 +122,9 @@ def run(
 RunFn = Callable[..., ProcessResult]
 
 
-def python_module_argv(module: str, *args: str, nproc: int = 1) -> list[str]:
-    """argv for `python -m module args`, or the same under torchrun with nproc processes on this host."""
-    if nproc <= 1:
+def python_module_argv(module: str, *args: str, nproc: int | None = None) -> list[str]:
+    """argv for `python -m module args`, or under torchrun with nproc processes on this host (nproc given)."""
+    if nproc is None:
         return [sys.executable, "-m", module, *args]
     return [
         sys.executable,

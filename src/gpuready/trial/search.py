@@ -58,9 +58,7 @@ def fit_line(variable: str, points: list[Point]) -> LinearFit | None:
     return LinearFit(variable, my - slope * mx, slope, n)
 
 
-def predicted_max(
-    predict: PeakPredictor, capacity: float, low: int, high: int, scale: float = 1.0
-) -> int | None:
+def predicted_max(predict: PeakPredictor, capacity: float, low: int, high: int, scale: float = 1.0) -> int | None:
     """Largest v in [low, high] with scale × predict(v) ≤ capacity (predict is a pure function: no runs)."""
     first = predict(low)
     if first is None:
@@ -129,9 +127,7 @@ def find_max(
         if pm is not None:
             pred_max = pm * g
     start = min(top, max(1, (pred_max or g) // g))
-    trace.append(
-        f"start {start * g}: " + ("the estimator's prediction" if pred_max else "no prediction, from 1")
-    )
+    trace.append(f"start {start * g}: " + ("the estimator's prediction" if pred_max else "no prediction, from 1"))
     lo, hi = 0, top + 1  # lo ran (0: none yet), hi failed (top + 1: none yet)
     k = start
     misses = 0  # model steps in a row that did not halve the bracket
@@ -184,38 +180,72 @@ def _next(
     """The next value (in units of g) from the measured points, or None to bisect."""
     ok = [p for p in runs.points if p.ok and p.peak_device_bytes is not None]
     if lo == 0:
+        if predict is not None and capacity is not None and hi <= top:
+            # nothing ran yet and hi failed: the estimate is low by at least capacity / predict(hi); assume
+            # 10% more than that and aim below the capacity
+            at_hi = predict(hi * g)
+            if at_hi:
+                scale = 1.1 * at_hi / capacity if at_hi < capacity else 1.1
+                m = predicted_max(lambda k: predict(k * g), capacity / scale, 1, top)
+                if m is not None and 1 <= m < hi:
+                    return m, "estimator scaled down after a failure"
         return max(1, (hi if hi <= top else 2) // 2), "halve after a failure"
     if capacity is None:
         return None, "no capacity known"
     ok.sort(key=lambda p: p.values[variable])
+    largest = ok[-1] if ok else None
+    if predict is not None and largest is not None:
+        # the estimator's shape, scaled to the largest value that ran (its curvature in seq is kept)
+        x = int(largest.values[variable])
+        guess = predict(x)
+        if guess:
+            scale = float(largest.peak_device_bytes or 0) / guess
+            m = predicted_max(lambda k: predict(k * g), capacity, 1, top, scale)
+            if m is not None:
+                c = _inside(m, lo, hi, top, runs, g)
+                if c is not None:
+                    return c, f"estimator scaled by the measured peak ({scale:.3f}x)"
     if len(ok) >= 2:
-        # secant through the two largest values that ran: the local slope, curvature included
-        fit = fit_line(variable, ok[-2:])
+        # secant through the largest value that ran and one at most 80% of it: the local slope (curvature
+        # included) without the noise of two neighbouring values
+        top_x = ok[-1].values[variable]
+        far = [p for p in ok[:-1] if p.values[variable] <= 0.8 * top_x]
+        fit = fit_line(variable, [far[-1], ok[-1]] if far else ok)
         if fit is not None and fit.per_unit_bytes > 0:
             m = fit.max_value(capacity)
             if m is not None:
-                return max(lo + 1, m // g), "line through the measured peaks"
-    if len(ok) == 1:
-        only = ok[0]
-        x = int(only.values[variable])
-        measured = float(only.peak_device_bytes or 0)
-        if predict is not None:
-            guess = predict(x)
-            if guess:
-                scale = measured / guess
-                m = predicted_max(lambda k: predict(k * g), capacity, 1, top, scale)
-                if m is not None:
-                    return max(lo + 1, m), f"estimator scaled by the measured peak ({scale:.3f}x)"
-        if only.load_allocated_bytes is not None:
-            # one point: treat what loading took as fixed; the rest grows with the variable. This overstates
-            # the slope (gradients and optimizer states are fixed too), so it undershoots: safe.
-            fixed = float(only.load_allocated_bytes) + float(only.device_overhead_bytes or 0)
-            slope = (measured - fixed) / x if x else 0.0
-            if slope > 0:
-                return max(lo + 1, int((capacity - fixed) // slope) // g), "load peak as fixed part"
+                return _inside(m // g, lo, hi, top, runs, g), "line through the measured peaks"
+    if len(ok) == 1 and largest is not None and largest.load_allocated_bytes is not None:
+        # one point: treat what loading took as fixed; the rest grows with the variable. This overstates
+        # the slope (gradients and optimizer states are fixed too), so it undershoots: safe.
+        x = int(largest.values[variable])
+        measured = float(largest.peak_device_bytes or 0)
+        fixed = float(largest.load_allocated_bytes) + float(largest.device_overhead_bytes or 0)
+        slope = (measured - fixed) / x if x else 0.0
+        if slope > 0:
+            return _inside(int((capacity - fixed) // slope) // g, lo, hi, top, runs, g), "load peak as fixed part"
     if hi > top:
         return min(top, 2 * lo), "double"
     return None, "bisect"
+
+
+def _inside(m: int, lo: int, hi: int, top: int, runs: _Runs, g: int) -> int | None:
+    """A model's candidate, or None (bisect) when the measurements already contradict the model."""
+    if m >= hi:
+        return None  # the model says a value that failed would fit
+    if m <= lo:
+        # the model says lo is the limit: confirm with lo + 1, once; a model that keeps saying so after
+        # lo + 1 ran is stale (gallop when nothing failed yet, else bisect)
+        confirmed = runs.by_value.get(lo * g)
+        if confirmed is not None and runs.points and runs.points[-1] is confirmed and _was_confirm(runs, lo, g):
+            return min(top, 2 * lo) if hi > top else None
+        return lo + 1
+    return m
+
+
+def _was_confirm(runs: _Runs, lo: int, g: int) -> bool:
+    """lo was reached by a +1 step from the value that ran before it."""
+    return (lo - 1) * g in runs.by_value and runs.by_value[(lo - 1) * g].ok
 
 
 def doubling_then_bisect(

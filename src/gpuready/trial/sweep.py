@@ -35,9 +35,7 @@ def parse_values(field: str, text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise InputError(
-            field, f"{text!r}: values must be integers separated by commas, e.g. 1,2,4,8"
-        ) from None
+        raise InputError(field, f"{text!r}: values must be integers separated by commas, e.g. 1,2,4,8") from None
     if not values or any(v < 0 for v in values):
         raise InputError(field, f"{text!r}: give one or more integers ≥ 0, e.g. 1,2,4,8")
     return list(dict.fromkeys(values))
@@ -48,9 +46,7 @@ def parse_sweep(text: str) -> tuple[str, list[int]]:
     name, sep, vals = text.partition("=")
     var = name.strip().lstrip("-").replace("-", "_")
     if not sep or var not in PROBE_VARIABLES:
-        raise InputError(
-            "--sweep", f"{text!r}: use VAR=V1,V2,... with VAR one of {', '.join(PROBE_VARIABLES)}"
-        )
+        raise InputError("--sweep", f"{text!r}: use VAR=V1,V2,... with VAR one of {', '.join(PROBE_VARIABLES)}")
     return var, parse_values("--sweep", vals)
 
 
