@@ -42,7 +42,14 @@ def pct(pred: float, meas: float) -> float:
 
 
 def main(argv: list[str]) -> int:
+    import platform
+
     files = [Path(a) for a in argv if not a.startswith("--")] or DEFAULT_FILES
+    used = ", ".join(str(f.relative_to(ROOT.parent)) for f in files if f.is_file())
+    print("# Accuracy of the arithmetic estimator\n")
+    print(f"Date: {time.strftime('%Y-%m-%d')}. Machine: {platform.platform()}, Python {platform.python_version()}.")
+    print(f"Command: `python benchmarks/accuracy.py {' '.join(argv)}`. Measured rows: {used}.")
+    print("Error = predicted / measured - 1.\n")
     table = [
         "| file | id | measured reserved GiB | predicted GiB | error % | measured alloc GiB | predicted | error % |",
         "|---|---|---:|---:|---:|---:|---:|---:|",

@@ -25,8 +25,10 @@ app = typer.Typer(
 
 # Each module defines `register(app)`. Keep this list sorted; one line per command group.
 COMMAND_MODULES = (
+    "gpuready.cli.doctor",
     "gpuready.cli.estimate",
     "gpuready.cli.models",
+    "gpuready.cli.storage",
     "gpuready.cli.trial",
 )
 

@@ -9,11 +9,13 @@ import sys
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from gpuready.workload import Workload, load_workload_file, make_workload
+if TYPE_CHECKING:
+    from gpuready.workload import Workload
+
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -52,6 +54,8 @@ _NAMES = [name for name, _ in _WORKLOAD_PARAMS]
 
 def build_workload(model: str | None, flags: dict[str, Any]) -> Workload:
     """Merge the workload file (explicit, else ./gpuready.toml) with flags; flags win."""
+    from gpuready.workload import load_workload_file, make_workload  # pydantic: only commands that need it
+
     file_arg = flags.pop("workload_file", None)
     fields: dict[str, Any] = {}
     path = Path(file_arg) if file_arg else Path(DEFAULT_WORKLOAD_FILE)

@@ -379,7 +379,7 @@ def block_nograd(
     if cache_kv:  # DynamicCache stores its own copies of the rotated K and of V
         kept = [prog.alloc("kv_cache", T * k_w * e), prog.alloc("kv_cache", T * v_w * e)]
     if ctx.backend in ("eager", "math"):
-        scores = T * spec.heads * (ctx.w.seq if T == ctx.w.batch * ctx.w.seq else 1)
+        scores = T * spec.heads * (ctx.w.seq if ctx.w.batch * ctx.w.seq == T else 1)
         prog.transient("activations", scores * e, scores * 4, scores * e)
     attn = prog.alloc("activations", T * out_w * e)
     prog.transient("activations", T * spec.heads * 4)  # the kernel's log-sum-exp

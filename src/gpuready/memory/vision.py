@@ -42,19 +42,28 @@ def _resnet_forward(prog: Program, spec: ModelSpec, w: Workload, keep: bool) -> 
     image = prog.alloc("activations", B * 3 * img * img * 4)
     if dt.autocast:
         save(B * 3 * img * img * 2, 0)  # autocast's bf16 copy of the images, kept by the first conv
+    prev = B * 3 * img * img * e  # the tensor the next convolution reads
     for conv, scale in resnet_convs(cfg["block"], list(cfg["layers"])):
         side = _side(img, scale)
         out = B * conv.cout * side * side * e
         wgrad = conv.cin * conv.cout * conv.kernel**2 * dt.param
-        save(out, out, wgrad)  # conv output, kept by batch norm
+        cin_bytes = prev if not conv.downsample else B * conv.cin * _side(img, scale // conv.stride) ** 2 * e
+        # the convolution keeps its input (already kept by the op before it); its backward makes the input's
+        # gradient and the weight's. cuDNN's workspaces (also from the caching allocator) are not modelled:
+        # their sizes depend on the algorithm cuDNN picks, and no fraction of the feature maps fitted the rows
+        if keep:
+            saved.append((0, cin_bytes, wgrad))
+        save(out, out)  # conv output, kept by batch norm
         if conv.downsample:
             prog.transient("activations", out)  # its BN output is added into the main path and dropped
         else:
             save(out, out)  # batch-norm output, kept by the in-place ReLU (or the residual add's ReLU)
+            prev = out
         if scale == 2:  # the stem's 3x3/2 max pool keeps int64 indices of its output
             pooled = B * conv.cout * _side(img, 4) ** 2
             save(pooled * 8, 0)
             save(pooled * e, pooled * e)
+            prev = pooled * e
     features = 512 * (4 if cfg["block"] == "bottleneck" else 1)
     save(B * features * e, 0, features * 1000 * dt.param)
     prog.free(image)

@@ -1,0 +1,372 @@
+"""`gpuready storage [PATH]`, `storage dupes PATH...`, `manifest create|verify`, `sync SRC DEST`."""
+
+# no `from __future__ import annotations`: with_workload copies this module's annotations as they are, and
+# typer does not resolve string annotations of a wrapped function (the --json flag became --json-out).
+
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from typer.core import TyperGroup
+
+from gpuready.cli.common import JsonOpt, build_workload, print_json, with_workload
+from gpuready.units import format_bytes, parse_size
+
+
+class _StorageGroup(TyperGroup):
+    """`storage [PATH]` and `storage dupes PATH...` side by side: anything that is not a subcommand name is
+    handed to the hidden `show` command (a plain optional argument on the group would swallow `dupes`)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if not args or (args[0] not in self.commands and args[0] not in ("-h", "--help")):
+            args = ["show", *args]
+        return super().parse_args(ctx, args)
+
+
+def register(app: typer.Typer) -> None:
+    storage_app = typer.Typer(
+        cls=_StorageGroup,
+        help="Mounts, caches and advice (`storage [PATH]`); duplicate files (`storage dupes PATH...`).",
+    )
+    storage_app.command("show", hidden=True, help="Mounts, caches, project folders and advice.")(storage_cmd)
+    storage_app.command("dupes", help="Find duplicate files; remove or hard-link them with a plan.")(dupes_cmd)
+    app.add_typer(storage_app, name="storage")
+    manifest_app = typer.Typer(no_args_is_help=True, help="Checksum manifests that b3sum -c / sha256sum -c accept.")
+    manifest_app.command("create", help="Hash every file under DIR into FILE (+ FILE.json).")(manifest_create_cmd)
+    manifest_app.command("verify", help="Name every changed, missing and extra file; exit 1 on any.")(
+        manifest_verify_cmd
+    )
+    app.add_typer(manifest_app, name="manifest")
+    app.command("sync", help="Copy SRC to DEST with rsync (rclone for remotes), then verify DEST.")(sync_cmd)
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console()
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool) -> Iterator[Callable[[str, int, int], None]]:
+    """A stage-aware progress callback drawing rich bars on stderr; a no-op under --json."""
+    if not enabled:
+        yield lambda stage, done, total: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    tasks: dict[str, Any] = {}
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bar:
+
+        def update(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total or None)
+            bar.update(tasks[stage], completed=done, total=total or None)
+
+        yield update
+
+
+# --------------------------------------------------------------------------------------------- storage
+
+
+@with_workload
+def storage_cmd(
+    path: Annotated[str | None, typer.Argument(help="the folder the job will write to")] = None,
+    model: Annotated[str | None, typer.Option(help="project the job of this model onto the disk")] = None,
+    keep_checkpoints: Annotated[int, typer.Option(help="checkpoints kept at once")] = 2,
+    dataset_size: Annotated[str | None, typer.Option(help="dataset size on disk, e.g. 200GB")] = None,
+    fast: Annotated[bool, typer.Option("--fast", help="do not size caches and project folders")] = False,
+    all_mounts: Annotated[bool, typer.Option("--all", help="also list /proc, /sys, /etc bind mounts")] = False,
+    json_out: JsonOpt = False,
+    *,
+    workload_flags: dict[str, Any],
+) -> None:
+    from gpuready.errors import InputError
+    from gpuready.storage import storage_report
+
+    workload = None
+    if model or workload_flags.get("workload_file"):
+        workload = build_workload(model, dict(workload_flags))
+    elif Path("gpuready.toml").is_file():
+        # a project file is used when it names a model; without one there is simply nothing to project
+        with contextlib.suppress(InputError):
+            workload = build_workload(None, dict(workload_flags))
+    report = storage_report(
+        path,
+        workload=workload,
+        keep_checkpoints=keep_checkpoints,
+        dataset_bytes=parse_size(dataset_size, "--dataset-size") if dataset_size else 0,
+        measure=not fast,
+        include_internal=all_mounts,
+    )
+    does_not_fit = report.projection is not None and report.projection["fits"] is False
+    if json_out:
+        print_json(report.to_json())
+    else:
+        _print_storage(report)
+    if does_not_fit:
+        raise typer.Exit(1)
+
+
+def _print_storage(report: Any) -> None:
+    from rich.table import Table
+
+    con = _console()
+    t = Table(title="Mounts" + (f" ({', '.join(report.mounts.platforms)} layout)" if report.mounts.platforms else ""))
+    for col in ("mount", "kind", "fs", "source", "size", "free", "holds", "typical on this platform"):
+        t.add_column(col, overflow="fold")
+    for m in report.mounts.mounts:
+        life = ""
+        if m.layout:
+            life = _life(m.layout)
+        t.add_row(
+            m.mount_point,
+            m.kind,
+            m.fstype,
+            m.source,
+            format_bytes(m.total_bytes),
+            format_bytes(m.free_bytes),
+            ", ".join(m.holds),
+            life,
+        )
+    con.print(t)
+    for s in report.mounts.layout:
+        if s.exists and s.mount_point != s.path:
+            con.print(f"  {s.platform} {s.path} lives on {s.mount_point}: {_life(s.layout)}")
+    ct = Table(title="Caches")
+    for col in ("cache", "path", "size", "disk", "system disk?"):
+        ct.add_column(col, overflow="fold")
+    for c in report.caches:
+        if not c.exists:
+            continue
+        ct.add_row(c.name, c.path, format_bytes(c.size_bytes), c.mount_point or "?", _yn(c.on_system_disk))
+    con.print(ct)
+    moves = [c for c in report.caches if c.commands and c.exists]
+    if moves:
+        con.print(f"[bold]To move caches to {report.data_folder}:[/bold]")
+        for c in moves:
+            con.print(f"  # {c.label}" + (f" ({c.note})" if c.note else ""))
+            for cmd in c.commands:
+                con.print(f"  {cmd}", markup=False, highlight=False)
+    if report.project:
+        pt = Table(title="Checkpoints and logs in this project")
+        for col in ("folder", "kind", "size", "files", "system disk?"):
+            pt.add_column(col, overflow="fold")
+        for p in report.project:
+            pt.add_row(p.path, p.kind, format_bytes(p.size_bytes), str(p.files), _yn(p.on_system_disk))
+        con.print(pt)
+    if report.projection:
+        pr = report.projection
+        items = ", ".join(f"{k} {format_bytes(v)}" for k, v in pr["items"].items() if v)
+        con.print(
+            f"[bold]Projection[/bold] on {pr['mount_point']}: needs {format_bytes(pr['need_bytes'])} "
+            f"({items}); free {format_bytes(pr['free_bytes'])}: {pr['message']}"
+        )
+        for a in pr["assumptions"]:
+            con.print(f"  - {a}")
+    for tip in report.advice:
+        con.print(f"[yellow]advice:[/yellow] {tip}")
+
+
+def _yn(value: object) -> str:
+    if value is None:
+        return "?"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+def _life(layout: Any) -> str:
+    stop, release = _yn(layout.survives_stop), _yn(layout.survives_release)
+    return f"{layout.role}; typically survives stop: {stop}, release: {release}"
+
+
+# --------------------------------------------------------------------------------------------- dupes
+
+
+def dupes_cmd(
+    paths: Annotated[list[str], typer.Argument(help="folders or files to scan")],
+    min_size: Annotated[str, typer.Option(help="ignore files smaller than this")] = "1",
+    remove: Annotated[bool, typer.Option("--remove", help="plan removing every copy but the first")] = False,
+    hardlink: Annotated[bool, typer.Option("--hardlink", help="plan replacing copies by hard links")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="show the plan, change nothing")] = False,
+    yes: Annotated[bool, typer.Option("--yes", help="carry out the plan")] = False,
+    no_hf_names: Annotated[
+        bool,
+        typer.Option("--no-hf-names", help="hash Hugging Face blobs instead of trusting their sha256 names"),
+    ] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    from gpuready.errors import InputError
+    from gpuready.storage import apply_plan, find_duplicates, make_plan
+
+    if remove and hardlink:
+        raise InputError("--remove/--hardlink", "choose one")
+    min_bytes = parse_size(min_size, "--min-size")
+    with _progress(not json_out) as progress:
+        report = find_duplicates(
+            paths,
+            min_size=min_bytes,
+            trust_hf_names=not no_hf_names,
+            progress=progress,
+        )
+    plan = make_plan(report, "remove" if remove else "hardlink") if (remove or hardlink) else None
+    applied = apply_plan(plan) if plan is not None and yes and not dry_run else None
+    if json_out:
+        data = report.to_json()
+        if plan is not None:
+            data["plan"] = plan.to_json()
+            data["applied"] = applied.to_json() if applied else None
+        print_json(data)
+        return
+    con = _console()
+    for g in report.groups:
+        con.print(f"[bold]{format_bytes(g.size)}[/bold] x {len(g.inodes)} copies ({g.digest[:19]}...)")
+        for i, p in enumerate(g.paths):
+            con.print(f"  {'keep ' if i == 0 else '     '}{p}", markup=False, highlight=False)
+    con.print(
+        f"{len(report.groups)} group(s), {format_bytes(report.reclaimable_bytes)} reclaimable; scanned "
+        f"{report.files_scanned} files ({format_bytes(report.bytes_scanned)}), "
+        f"read {format_bytes(report.bytes_read)}"
+    )
+    for label, items in (
+        ("unreadable folders skipped", report.unreadable_dirs),
+        ("unreadable files", report.unreadable_files),
+        ("files changed while hashed (not grouped)", report.changed_files),
+    ):
+        if items:
+            con.print(f"[yellow]{len(items)} {label}:[/yellow] {', '.join(items[:10])}")
+    if report.symlinks_skipped:
+        con.print(f"{report.symlinks_skipped} symlink(s) not followed")
+    if plan is None:
+        return
+    verb = "remove" if plan.action == "remove" else "hard-link to the kept copy"
+    con.print(f"[bold]Plan:[/bold] {verb} {len(plan.steps)} file(s), freeing {format_bytes(plan.reclaimable_bytes)}")
+    for s in plan.steps:
+        con.print(f"  {plan.action} {s.path}  (keep {s.keep})", markup=False, highlight=False)
+    if applied is None:
+        con.print("dry run: nothing changed" if dry_run else "nothing changed; add --yes to carry out the plan")
+        return
+    con.print(f"done: {len(applied.done)}, freed {format_bytes(applied.freed_bytes)}")
+    for path, why in applied.skipped:
+        con.print(f"[yellow]skipped[/yellow] {path}: {why}")
+
+
+# --------------------------------------------------------------------------------------------- manifest
+
+
+def manifest_create_cmd(
+    directory: Annotated[str, typer.Argument(metavar="DIR", help="folder to hash")],
+    output: Annotated[str, typer.Option("-o", "--output", help="manifest file (e.g. manifest.b3)")],
+    algo: Annotated[str | None, typer.Option(help="blake3 or sha256 [default: by extension, else blake3]")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    from gpuready.storage import create_manifest
+
+    with _progress(not json_out) as progress:
+        res = create_manifest(directory, output, algorithm=algo, progress=lambda d, t: progress("hashing", d, t))
+    if json_out:
+        print_json(res.to_json())
+    else:
+        con = _console()
+        con.print(
+            f"{res.manifest}: {res.files} files, {format_bytes(res.total_bytes)} ({res.algorithm}), "
+            f"{res.seconds:.1f} s; counts in {res.meta}"
+        )
+        for label, items in (
+            ("changed while read (left out)", res.changed_files),
+            ("unreadable files (left out)", res.unreadable_files),
+            ("unreadable folders (skipped)", res.unreadable_dirs),
+        ):
+            for p in items:
+                con.print(f"[red]{label}:[/red] {p}", highlight=False)
+        if res.symlinks_skipped:
+            con.print(f"{res.symlinks_skipped} symlink(s) leaving the tree not followed")
+    if not res.complete:
+        raise typer.Exit(1)
+
+
+def manifest_verify_cmd(
+    file: Annotated[str, typer.Argument(metavar="FILE", help="manifest written by `manifest create`")],
+    root: Annotated[str | None, typer.Option(help="folder to check [default: the one recorded, else FILE's]")] = None,
+    algo: Annotated[str | None, typer.Option(help="blake3 or sha256 [default: recorded, else by extension]")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    from gpuready.storage import verify_manifest
+
+    with _progress(not json_out) as progress:
+        res = verify_manifest(file, root, algorithm=algo, progress=lambda d, t: progress("verifying", d, t))
+    if json_out:
+        print_json(res.to_json())
+    else:
+        _print_verify(res)
+    if not res.ok:
+        raise typer.Exit(1)
+
+
+def _print_verify(res: Any) -> None:
+    con = _console()
+    for label, items in (
+        ("changed", res.changed),
+        ("missing", res.missing),
+        ("extra", res.extra),
+        ("unreadable", res.unreadable),
+        ("changed while read", res.changed_during_read),
+    ):
+        for p in items:
+            con.print(f"[red]{label}:[/red] {p}", highlight=False)
+    if res.malformed_lines:
+        con.print(f"[red]{res.malformed_lines} malformed line(s) in the manifest[/red]")
+    if res.incomplete_manifest:
+        con.print("[red]the manifest has fewer lines than its .json says: it was cut short[/red]")
+    status = "OK" if res.ok else "FAILED"
+    con.print(f"{status}: {res.checked}/{res.expected_files} files checked under {res.root} ({res.seconds:.1f} s)")
+
+
+# --------------------------------------------------------------------------------------------- sync
+
+
+def sync_cmd(
+    src: Annotated[str, typer.Argument(metavar="SRC", help="folder to copy")],
+    dest: Annotated[str, typer.Argument(metavar="DEST", help="folder, host:path, or rclone remote:path")],
+    checksum: Annotated[bool, typer.Option("--checksum", help="rsync compares content, not size+time")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="show what would be copied")] = False,
+    timeout: Annotated[float, typer.Option(help="seconds before the copy is stopped")] = 24 * 3600,
+    json_out: JsonOpt = False,
+) -> None:
+    from gpuready.storage import SubprocessRunner, sync
+
+    with _progress(not json_out) as progress:
+        res = sync(
+            src,
+            dest,
+            runner=SubprocessRunner(),
+            timeout=timeout,
+            checksum=checksum,
+            dry_run=dry_run,
+            copy_progress=lambda d, t: progress("copying", d, t),
+            verify_progress=lambda d, t: progress("verifying", d, t),
+        )
+    if json_out:
+        print_json(res.to_json())
+    else:
+        con = _console()
+        if res.verify is not None and not res.verify.ok:
+            _print_verify(res.verify)
+        for p in res.differences:
+            con.print(f"[red]differs:[/red] {p}", highlight=False)
+        con.print(
+            f"{'OK' if res.ok else 'NOT DONE'}: {res.message} ({res.source_files} files, "
+            f"{format_bytes(res.source_bytes)}, {res.tool})"
+        )
+    if not res.ok and not dry_run:
+        raise typer.Exit(1)

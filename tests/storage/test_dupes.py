@@ -1,0 +1,145 @@
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from gpuready.storage.dupes import apply_plan, find_duplicates, hf_blob_sha256, make_plan
+from gpuready.storage.hashing import FileChangedError, hash_file
+
+MIB = 1 << 20
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    body = os.urandom(MIB)
+    _write(tmp_path / "a" / "model.bin", body)
+    _write(tmp_path / "b" / "copy.bin", body)
+    _write(tmp_path / "b" / "deep" / "copy2.bin", body)
+    # same size, same head and tail, different middle: only the full hash can tell
+    middle = bytearray(body)
+    middle[MIB // 2] ^= 0xFF
+    _write(tmp_path / "c" / "decoy_middle.bin", bytes(middle))
+    # same size, different head: eliminated after reading 8 KiB
+    head = bytearray(body)
+    head[0] ^= 0xFF
+    _write(tmp_path / "c" / "decoy_head.bin", bytes(head))
+    _write(tmp_path / "small1.txt", b"hello")
+    _write(tmp_path / "small2.txt", b"hello")
+    _write(tmp_path / "unique.txt", b"something else entirely")
+    return tmp_path
+
+
+def test_groups_duplicates_and_rejects_same_size_decoys(tree: Path) -> None:
+    r = find_duplicates([tree])
+    groups = {tuple(Path(p).name for p in g.paths): g for g in r.groups}
+    big = groups[("model.bin", "copy.bin", "copy2.bin")]
+    assert big.size == MIB and big.reclaimable_bytes == 2 * MIB
+    assert big.digest.startswith("blake3:")
+    assert groups[("small1.txt", "small2.txt")].reclaimable_bytes == 5
+    assert len(r.groups) == 2
+    assert r.reclaimable_bytes == 2 * MIB + 5
+    assert r.candidates_after_size == 7  # five 1 MiB files + two 5-byte files
+    assert r.candidates_after_head_tail == 4  # the head decoy is gone; the middle decoy needs a full read
+    # full reads: 4 MiB for the four survivors; partial: 8 KiB each for five 1 MiB files; 5 B each small file
+    assert r.bytes_read == 4 * MIB + 5 * 8192 + 10
+
+
+def test_hard_links_are_one_file_and_symlinks_are_not_followed(tmp_path: Path) -> None:
+    body = os.urandom(100_000)
+    _write(tmp_path / "t" / "x", body)
+    os.link(tmp_path / "t" / "x", tmp_path / "t" / "x_link")
+    outside = _write(tmp_path / "outside" / "same", body)
+    os.symlink(outside, tmp_path / "t" / "to_outside")
+    r = find_duplicates([tmp_path / "t"])
+    assert r.groups == []  # two names of one inode reclaim nothing; the symlink leads out of the tree
+    assert r.symlinks_skipped == 1
+    _write(tmp_path / "t" / "y", body)
+    r = find_duplicates([tmp_path / "t"])
+    (g,) = r.groups
+    assert len(g.paths) == 3 and len(g.inodes) == 2 and g.reclaimable_bytes == 100_000
+
+
+def test_hugging_face_blobs_are_grouped_by_name_without_reading(tmp_path: Path) -> None:
+    data = os.urandom(50_000)
+    sha = hashlib.sha256(data).hexdigest()
+    b1 = _write(tmp_path / "hub1" / "models--org--m" / "blobs" / sha, data)
+    b2 = _write(tmp_path / "hub2" / "models--org--m" / "blobs" / sha, data)
+    assert hf_blob_sha256(str(b1)) == sha
+    r = find_duplicates([tmp_path / "hub1", tmp_path / "hub2"])
+    (g,) = r.groups
+    assert g.digest == f"sha256:{sha}" and r.bytes_read == 0 and r.hf_blobs_by_name == 2
+    assert sorted(g.paths) == sorted([str(b1), str(b2)])
+    # a local_dir copy (a real file) is matched against the blob through sha256 of the copy only
+    copy = _write(tmp_path / "local" / "model.safetensors", data)
+    r = find_duplicates([tmp_path])
+    (g,) = r.groups
+    assert str(copy) in g.paths and g.digest == f"sha256:{sha}"
+    assert r.bytes_read == 3 * 8192 + 50_000  # head+tail of all three, one full read of the copy
+
+
+def test_unreadable_folders_are_skipped_and_counted(tmp_path: Path) -> None:
+    if os.geteuid() == 0:
+        pytest.skip("root reads folders with mode 000; this test needs an unprivileged user")
+    _write(tmp_path / "ok" / "f", b"x")
+    locked = tmp_path / "locked"
+    _write(locked / "g", b"x")
+    locked.chmod(0)
+    try:
+        r = find_duplicates([tmp_path])
+    finally:
+        locked.chmod(0o755)
+    assert r.unreadable_dirs == [str(locked)]
+
+
+def test_a_file_changing_while_hashed_is_reported_not_mis_hashed(tmp_path: Path) -> None:
+    f = _write(tmp_path / "growing.bin", os.urandom(3 * MIB))
+
+    def append(_n: int) -> None:
+        with open(f, "ab") as fh:
+            fh.write(b"more")
+
+    with pytest.raises(FileChangedError):
+        hash_file(str(f), on_bytes=append)
+    assert hash_file(str(f)).bytes_read == f.stat().st_size
+
+
+def test_plan_needs_apply_and_apply_rechecks_each_file(tree: Path) -> None:
+    r = find_duplicates([tree])
+    plan = make_plan(r, "hardlink")
+    assert plan.reclaimable_bytes == 2 * MIB + 5
+    assert all(Path(s.path).exists() for s in plan.steps)  # planning changes nothing
+    # a copy modified after the scan is skipped, never acted on
+    changed = next(s for s in plan.steps if s.path.endswith("copy2.bin"))
+    os.utime(changed.path, ns=(0, changed.mtime_ns + 10**9))
+    result = apply_plan(plan)
+    assert (changed.path, "changed since the scan") in result.skipped
+    keep = Path(tree / "a" / "model.bin")
+    assert os.stat(tree / "b" / "copy.bin").st_ino == keep.stat().st_ino
+    assert result.freed_bytes == MIB + 5
+    rm = apply_plan(make_plan(find_duplicates([tree]), "remove"))
+    assert not (tree / "b" / "deep" / "copy2.bin").exists() and keep.exists()
+    assert rm.freed_bytes == MIB
+
+
+def test_walk_counts_a_folder_it_cannot_list_and_goes_on(tmp_path: Path) -> None:
+    from gpuready.storage.walk import WalkStats, walk_files
+
+    _write(tmp_path / "ok" / "f", b"x")
+    _write(tmp_path / "locked" / "g", b"y")
+
+    def scandir(path: str) -> object:
+        if path.endswith("locked"):
+            raise PermissionError(13, "Permission denied", path)
+        return os.scandir(path)
+
+    stats = WalkStats()
+    files = [e.rel for e in walk_files([tmp_path], stats, scandir=scandir)]
+    assert files == ["ok/f"]
+    assert stats.unreadable_dirs == [str(tmp_path / "locked")]
