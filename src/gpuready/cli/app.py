@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "gpuready.cli.estimate",
     "gpuready.cli.models",
     "gpuready.cli.storage",
+    "gpuready.cli.trial",
 )
 
 for _name in COMMAND_MODULES:

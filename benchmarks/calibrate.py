@@ -1,0 +1,103 @@
+"""Measure a list of jobs with the built-in probe (one fresh process per job) and write calibration rows.
+
+Each input line is a job written as `gpuready estimate` arguments (`#` starts a comment; an optional
+`id=NAME ` prefix names the row). Output: JSON lines with exactly the keys of
+../shared/calibration/h200.jsonl (id, args, gpu, gpus, peak_allocated_bytes, peak_reserved_bytes,
+device_overhead_bytes, params, trainable, step_seconds); a job that fails keeps null peaks and adds `error`.
+
+    python benchmarks/calibrate.py JOBS.txt OUT.jsonl [--timeout 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from gpuready.trial.backend import ProbeBackend
+from gpuready.workload import Workload, make_workload
+
+_BOOL = {"grad_ckpt"}
+
+
+def parse_job(args: str) -> Workload:
+    tokens = shlex.split(args)
+    fields: dict[str, Any] = {"model": tokens[0]}
+    i = 1
+    while i < len(tokens):
+        name = tokens[i].removeprefix("--").replace("-", "_")
+        if name in _BOOL:
+            fields[name] = True
+            i += 1
+        else:
+            fields[name] = tokens[i + 1]
+            i += 2
+    return make_workload(**fields)
+
+
+def job_id(w: Workload) -> str:
+    if w.task == "infer":
+        prefix = "inf_gen" if w.new_tokens else "inf_prefill"
+    else:
+        prefix = {"full": "ft", "lora": "lora", "qlora": "qlora"}[w.method]
+    parts = [prefix, w.model, w.precision, f"b{w.batch}"]
+    parts.append(f"img{w.image_size}" if w.model.startswith(("resnet", "vit")) else f"s{w.seq}")
+    if w.new_tokens:
+        parts.append(f"n{w.new_tokens}")
+    if w.method != "full":
+        parts.append(f"r{w.lora_r}")
+    if w.lora_targets:
+        parts.append("t-" + "-".join(t.removesuffix("_proj") for t in w.lora_targets))
+    if w.optim != "adamw":
+        parts.append(w.optim)
+    if w.attn != "sdpa":
+        parts.append(w.attn)
+    if w.grad_ckpt:
+        parts.append("ckpt")
+    return "_".join(parts)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("jobs", type=Path)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--timeout", type=float, default=300.0)
+    opts = ap.parse_args()
+    lines = [ln.strip() for ln in opts.jobs.read_text().splitlines()]
+    jobs = [ln for ln in lines if ln and not ln.startswith("#")]
+    with opts.out.open("a", encoding="utf-8") as out:
+        for args in jobs:
+            given_id = None
+            if args.startswith("id="):
+                given_id, _, args = args.partition(" ")
+                given_id = given_id.removeprefix("id=")
+            workload = parse_job(args)
+            t0 = time.perf_counter()
+            point = ProbeBackend(workload, timeout=opts.timeout).run_point({})
+            row: dict[str, Any] = {
+                "id": given_id or job_id(workload),
+                "args": args,
+                "gpu": point.gpu,
+                "gpus": workload.gpus,
+                "peak_allocated_bytes": point.peak_allocated_bytes if point.ok else None,
+                "peak_reserved_bytes": point.peak_reserved_bytes if point.ok else None,
+                "device_overhead_bytes": point.device_overhead_bytes if point.ok else None,
+                "params": point.params,
+                "trainable": point.trainable,
+                "step_seconds": point.step_seconds if (point.ok and workload.task == "train") else None,
+            }
+            if not point.ok:
+                row["error"] = f"{point.status}: {point.error}"
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+            shown = f"{point.peak_reserved_bytes / 2**30:.2f} GiB reserved" if point.peak_reserved_bytes else "-"
+            sys.stderr.write(f"{row['id']}: {point.status} {shown} ({time.perf_counter() - t0:.1f} s)\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

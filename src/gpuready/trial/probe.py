@@ -1,0 +1,345 @@
+"""The built-in probe: one job measured in this (child) process. The only module that imports torch.
+
+Run as `python -m gpuready.trial.probe SPEC.json RESULT.json` (or under torchrun, one process per GPU;
+rank r writes RESULT.json.rank<r>). The parent (runner.py) builds SPEC.json from a Workload; this module
+writes RESULT.json and exits 0 whenever it could record a result, an out-of-memory error included.
+
+How a job is measured follows ../shared/calibration/README.md exactly, so the probe's peaks can be set beside
+h200.jsonl: the model is built from its config directly on the GPU in the workload's dtype (random weights;
+memory does not depend on the values), random token ids, `loss = model(input_ids=ids, labels=ids,
+use_cache=False).loss; loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)`, 3 steps (4 for vision),
+AdamW(lr=1e-5) with its defaults or SGD(momentum=0.9); `mixed` = fp32 model under bf16 autocast.
+Peaks are torch.cuda.max_memory_allocated/reserved over the whole run; device overhead = NVML used − reserved
+at the end of the run (CUDA context, cuBLAS/cuDNN workspaces).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+# Steps per job as calibration/README.md measures them; GPUREADY_PROBE_STEPS overrides (timing studies).
+LM_STEPS = int(os.environ.get("GPUREADY_PROBE_STEPS", "3"))
+VISION_STEPS = int(os.environ.get("GPUREADY_PROBE_STEPS", "4"))
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class ProbeSkip(Exception):
+    """The job cannot be measured here (a missing package, an unsupported option): recorded, not raised."""
+
+
+def _dtype(torch: Any, precision: str) -> Any:
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "mixed": torch.float32}[precision]
+
+
+def _autocast(torch: Any, precision: str) -> Any:
+    if precision == "mixed":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _optimizer(torch: Any, optim: str, params: list[Any]) -> Any:
+    if optim == "adamw":
+        return torch.optim.AdamW(params, lr=1e-5)
+    if optim == "sgd":
+        return torch.optim.SGD(params, lr=1e-5, momentum=0.9)
+    if optim == "adafactor":
+        return torch.optim.Adafactor(params, lr=1e-2)
+    if optim == "adamw8bit":
+        try:
+            import bitsandbytes as bnb  # type: ignore[import-not-found,unused-ignore]
+        except ImportError as exc:
+            raise ProbeSkip("--optim adamw8bit needs bitsandbytes, which is not installed here") from exc
+        return bnb.optim.AdamW8bit(params, lr=1e-5)
+    raise ProbeSkip(f"unknown optimizer {optim!r}")
+
+
+def _build_lm(torch: Any, spec: dict[str, Any]) -> Any:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    w = spec["workload"]
+    attn = {"sdpa": "sdpa", "eager": "eager", "flash": "flash_attention_2"}[w["attn"]]
+    dtype = _dtype(torch, w["precision"])
+    if spec.get("weights_path"):
+        return AutoModelForCausalLM.from_pretrained(
+            spec["weights_path"],
+            dtype=dtype,
+            attn_implementation=attn,
+            device_map={"": torch.cuda.current_device()},
+        )
+    config = dict(spec["config"])
+    model_type = config.pop("model_type")
+    cfg = AutoConfig.for_model(model_type, **config)
+    with torch.device("cuda"):
+        return AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attn)  # type: ignore[no-untyped-call]
+
+
+def _build_vision(torch: Any, spec: dict[str, Any]) -> Any:
+    from torchvision.models import resnet, vision_transformer
+
+    w = spec["workload"]
+    cfg = spec["config"]
+    with torch.device("cuda"):
+        if cfg["model_type"] == "resnet":
+            block = resnet.Bottleneck if cfg["block"] == "bottleneck" else resnet.BasicBlock
+            model = resnet.ResNet(block, list(cfg["layers"]), num_classes=int(cfg.get("num_classes", 1000)))
+        else:
+            # ViT's position embedding depends on the resolution: pass image_size to the constructor
+            model = vision_transformer.VisionTransformer(
+                image_size=int(w["image_size"]),
+                patch_size=int(cfg["patch_size"]),
+                num_layers=int(cfg["num_layers"]),
+                num_heads=int(cfg["num_heads"]),
+                hidden_dim=int(cfg["hidden_dim"]),
+                mlp_dim=int(cfg["mlp_dim"]),
+                num_classes=int(cfg.get("num_classes", 1000)),
+            )
+    if w["precision"] in ("bf16", "fp16"):
+        model = model.to(_dtype(torch, w["precision"]))
+    return model
+
+
+def _apply_lora(model: Any, spec: dict[str, Any]) -> Any:
+    w = spec["workload"]
+    if w["method"] == "qlora":
+        try:
+            import bitsandbytes  # type: ignore[import-not-found,unused-ignore]  # noqa: F401
+        except ImportError as exc:
+            raise ProbeSkip("--method qlora needs bitsandbytes, which is not installed here") from exc
+        raise ProbeSkip("--method qlora: measuring 4-bit base weights from a config is not implemented yet")
+    from peft import LoraConfig, get_peft_model
+
+    targets = list(w.get("lora_targets") or spec.get("lora_targets") or DEFAULT_LORA_TARGETS)
+    cfg = LoraConfig(r=int(w["lora_r"]), lora_alpha=32, lora_dropout=0.0, target_modules=targets)
+    return get_peft_model(model, cfg)
+
+
+class _Clock:
+    """Wall time of GPU work: synchronize before reading the clock."""
+
+    def __init__(self, torch: Any) -> None:
+        self.torch = torch
+
+    def now(self) -> float:
+        self.torch.cuda.synchronize()
+        return time.perf_counter()
+
+
+def _distributed_wrap(torch: Any, model: Any, shard: str, world: int) -> Any:
+    if world <= 1 or shard == "none":
+        return model
+    if shard == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model, device_ids=[torch.cuda.current_device()])
+    if shard == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        layers = getattr(getattr(model, "model", model), "layers", None)
+        for layer in layers or []:
+            fully_shard(layer)
+        fully_shard(model)
+        return model
+    raise ProbeSkip(f"--shard {shard} is not measured by the built-in probe (ddp and fsdp are)")
+
+
+def measure(spec: dict[str, Any]) -> dict[str, Any]:
+    """Measure one job on the current CUDA device. Returns the result dict (also for OOM)."""
+    import torch
+
+    w = spec["workload"]
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    result: dict[str, Any] = {
+        "ok": False,
+        "error": None,
+        "error_kind": None,
+        "phase": "start",
+        "rank": rank,
+        "world_size": world,
+        "torch_version": torch.__version__,
+    }
+    if not torch.cuda.is_available():
+        result.update(error="no CUDA GPU is visible to the probe", error_kind="no_gpu")
+        return result
+    if _under_torchrun():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.distributed.init_process_group("nccl")
+    device = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(device)
+    result.update(gpu=props.name, gpu_total_bytes=int(props.total_memory))
+    try:
+        import transformers
+
+        result["transformers_version"] = transformers.__version__
+    except ImportError:
+        pass
+    clock = _Clock(torch)
+    is_vision = spec["kind"] == "vision"
+    try:
+        torch.cuda.reset_peak_memory_stats()
+        t_load = time.perf_counter()
+        result["phase"] = "load"
+        model = _build_vision(torch, spec) if is_vision else _build_lm(torch, spec)
+        training = w["task"] == "train"
+        # params as PyTorch counts the model (tied embeddings once), before any LoRA adapters are added
+        result["params"] = sum(p.numel() for p in model.parameters())
+        if training and not is_vision:
+            if w["grad_ckpt"]:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if w["method"] in ("lora", "qlora"):
+                model = _apply_lora(model, spec)
+        result["trainable"] = sum(p.numel() for p in model.parameters() if p.requires_grad) if training else None
+        if world > 1 and training:
+            model = _distributed_wrap(torch, model, w["shard"], world)
+            # peaks count from here: the unsharded model built before sharding is not part of the job
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        torch.cuda.synchronize()
+        result["load_seconds"] = time.perf_counter() - t_load
+        result["load_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
+        result["load_reserved_bytes"] = int(torch.cuda.max_memory_reserved())
+        batch, seq = int(w["batch"]), int(w["seq"])
+        times: list[float] = []
+        if is_vision:
+            size = int(w["image_size"])
+            in_dtype = _dtype(torch, w["precision"]) if w["precision"] in ("bf16", "fp16") else torch.float32
+            x = torch.randn(batch, 3, size, size, device="cuda", dtype=in_dtype)
+            y = torch.randint(0, 1000, (batch,), device="cuda")
+            unit, per_step = "images/s", batch
+            if training:
+                result["phase"] = "train"
+                opt = _optimizer(torch, w["optim"], [p for p in model.parameters() if p.requires_grad])
+                for _ in range(VISION_STEPS):
+                    t0 = clock.now()
+                    for _ in range(int(w["grad_accum"])):
+                        with _autocast(torch, w["precision"]):
+                            loss = torch.nn.functional.cross_entropy(model(x), y)
+                        loss.backward()  # type: ignore[no-untyped-call,unused-ignore]
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                    times.append(clock.now() - t0)
+            else:
+                result["phase"] = "infer"
+                with torch.no_grad():
+                    for _ in range(2):
+                        t0 = clock.now()
+                        with _autocast(torch, w["precision"]):
+                            model(x)
+                        times.append(clock.now() - t0)
+        else:
+            vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or spec["config"]["vocab_size"])
+            ids = torch.randint(0, vocab, (batch, seq), device="cuda")
+            unit, per_step = "tokens/s", batch * seq
+            if training:
+                result["phase"] = "train"
+                opt = _optimizer(torch, w["optim"], [p for p in model.parameters() if p.requires_grad])
+                for _ in range(LM_STEPS):
+                    t0 = clock.now()
+                    for _ in range(int(w["grad_accum"])):
+                        with _autocast(torch, w["precision"]):
+                            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+                        loss.backward()  # type: ignore[no-untyped-call,unused-ignore]
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                    times.append(clock.now() - t0)
+                per_step *= int(w["grad_accum"])
+            elif int(w["new_tokens"]) > 0:
+                result["phase"] = "generate"
+                n = int(w["new_tokens"])
+                with torch.no_grad(), _autocast(torch, w["precision"]):
+                    t0 = clock.now()
+                    model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+                    times.append(clock.now() - t0)
+                per_step = batch * n
+            else:
+                result["phase"] = "prefill"
+                with torch.no_grad(), _autocast(torch, w["precision"]):
+                    for _ in range(2):
+                        t0 = clock.now()
+                        model(ids, use_cache=True)
+                        times.append(clock.now() - t0)
+        torch.cuda.synchronize()
+        result["step_times"] = times
+        steady = times[1:] or times
+        result["step_seconds"] = statistics.median(steady) if steady else None
+        result["throughput"] = per_step / result["step_seconds"] if result["step_seconds"] else None
+        result["throughput_unit"] = unit
+        result["ok"] = True
+        result["phase"] = "done"
+    except torch.OutOfMemoryError as exc:
+        result.update(error=_first_line(exc), error_kind="oom")
+    except ProbeSkip as exc:
+        result.update(error=str(exc), error_kind="unsupported")
+    except ImportError as exc:
+        result.update(error=f"missing package: {exc}", error_kind="missing_dependency")
+    except Exception as exc:  # a fault of the job is a result to report
+        result.update(error=f"{type(exc).__name__}: {_first_line(exc)}", error_kind="error")
+        result["traceback"] = traceback.format_exc(limit=6)
+    _record_memory(torch, result, device)
+    return result
+
+
+def _record_memory(torch: Any, result: dict[str, Any], device: int) -> None:
+    torch.cuda.synchronize()
+    result["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
+    result["peak_reserved_bytes"] = int(torch.cuda.max_memory_reserved())
+    reserved_now = int(torch.cuda.memory_reserved())
+    from gpuready.trial.nvml import Nvml
+
+    nvml = Nvml()
+    index = nvml.index_for_uuid(str(getattr(torch.cuda.get_device_properties(device), "uuid", "")))
+    mem = nvml.memory(device if index is None else index)
+    if mem is None:
+        # cudaMemGetInfo sees the same device memory when NVML cannot be read
+        free, total = torch.cuda.mem_get_info()
+        used = int(total - free)
+        result["device_memory_source"] = "cudaMemGetInfo"
+    else:
+        used = mem.used_bytes
+        result["device_memory_source"] = "nvml"
+    result["device_used_bytes"] = used
+    result["device_overhead_bytes"] = used - reserved_now
+    result["peak_device_bytes"] = result["peak_reserved_bytes"] + result["device_overhead_bytes"]
+
+
+def _under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 2:
+        sys.stderr.write("usage: python -m gpuready.trial.probe SPEC.json RESULT.json\n")
+        return 2
+    spec = json.loads(Path(args[0]).read_text(encoding="utf-8"))
+    out = Path(args[1])
+    rank = int(os.environ.get("RANK", "0"))
+    if _under_torchrun():
+        out = out.with_name(f"{out.name}.rank{rank}")
+    t0 = time.perf_counter()
+    result = measure(spec)
+    result["process_seconds"] = time.perf_counter() - t0
+    out.write_text(json.dumps(result), encoding="utf-8")
+    with contextlib.suppress(Exception):
+        import torch
+
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,114 @@
+"""The probe backend without a GPU: spec building, merging per-rank results, a child that dies."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuready.trial import runner
+from gpuready.trial.backend import ProbeBackend, point_from_probe, probe_spec
+from gpuready.workload import make_workload
+
+
+def test_probe_spec_carries_the_preset_config_and_lora_targets() -> None:
+    spec = probe_spec(make_workload(model="llama-3.2-1b", method="lora", batch=4))
+    assert spec["config"]["model_type"] == "llama"
+    assert spec["lora_targets"] == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    assert spec["workload"]["batch"] == 4
+    assert probe_spec(make_workload(model="resnet50"))["kind"] == "vision"
+
+
+def test_per_rank_results_merge_to_the_largest_peak() -> None:
+    ranks = [
+        {
+            "ok": True,
+            "rank": 0,
+            "peak_allocated_bytes": 10,
+            "peak_reserved_bytes": 12,
+            "peak_device_bytes": 20,
+            "step_seconds": 0.5,
+            "gpu_total_bytes": 100,
+        },
+        {
+            "ok": True,
+            "rank": 1,
+            "peak_allocated_bytes": 11,
+            "peak_reserved_bytes": 13,
+            "peak_device_bytes": 21,
+            "step_seconds": 0.6,
+        },
+    ]
+    point = point_from_probe({"batch": 2}, ranks, 3.0, per_rank=True)
+    assert point.ok and point.peak_device_bytes == 21 and point.step_seconds == 0.6
+    assert [r["rank"] for r in point.ranks] == [0, 1]
+    oom = point_from_probe(
+        {"batch": 2}, [ranks[0], {"ok": False, "error_kind": "oom", "error": "CUDA out of memory"}], 1
+    )
+    assert oom.status == "oom" and not oom.ok
+
+
+def test_a_probe_child_that_dies_without_a_result_is_a_failed_point() -> None:
+    def fake_run(argv: list[str], **kwargs: Any) -> runner.ProcessResult:
+        return runner.ProcessResult(list(argv), -9, 2.0, output_tail=["Killed"])
+
+    point = ProbeBackend(make_workload(model="gpt2"), run=fake_run).run_point({"batch": 1})
+    assert not point.ok and point.status == "failed" and "signal 9" in (point.error or "")
+
+
+def test_probe_reads_rank_files_when_launched_with_torchrun(tmp_path: Path) -> None:
+    seen: dict[str, Any] = {}
+
+    def fake_run(argv: list[str], **kwargs: Any) -> runner.ProcessResult:
+        seen["argv"] = argv
+        out = Path(argv[-1])
+        for rank in (0, 1):
+            out.with_name(f"{out.name}.rank{rank}").write_text(
+                json.dumps({"ok": True, "rank": rank, "peak_device_bytes": 100 + rank})
+            )
+        return runner.ProcessResult(list(argv), 0, 1.0)
+
+    point = ProbeBackend(make_workload(model="gpt2"), nproc=2, run=fake_run).run_point({"batch": 1})
+    assert "torch.distributed.run" in seen["argv"] and "--nproc_per_node=2" in seen["argv"]
+    assert point.peak_device_bytes == 101 and len(point.ranks) == 2
+
+
+def test_the_real_probe_reports_no_gpu_as_a_result_not_a_crash() -> None:
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this test is for machines without a GPU")
+    point = ProbeBackend(make_workload(model="gpt2", seq=64)).run_point({"batch": 1})
+    assert point.status == "no_gpu" and not point.ok
+    assert sys.executable  # ran in a child of this interpreter
+
+
+def test_runner_ends_a_process_group_on_timeout(tmp_path: Path) -> None:
+    # the child starts a grandchild that would outlive it; both must be gone after the timeout
+    script = tmp_path / "tree.py"
+    script.write_text(
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        "print('started', flush=True)\ntime.sleep(600)\n"
+    )
+    result = runner.run([sys.executable, str(script)], timeout=1.0)
+    assert result.timed_out and result.returncode is None
+    import os
+    import time
+
+    import psutil
+
+    assert result.pid is not None
+    time.sleep(0.5)
+    alive = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(proc.pid) == result.pid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                alive.append(proc.pid)
+        except (ProcessLookupError, psutil.Error):
+            pass
+    assert alive == []
