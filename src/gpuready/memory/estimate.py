@@ -42,6 +42,7 @@ def _run(spec: ModelSpec, w: Workload) -> _Run:
         reserved = replay(main).peak_reserved_bytes + replay(side).peak_reserved_bytes
     else:
         reserved = replay(prog.events).peak_reserved_bytes
+    reserved = max(reserved, prog.peak_allocated + prog.cached_outside_bytes)
     return _Run(prog.peak_allocated, reserved, dict(prog.phase_peaks), prog.phase_breakdowns)
 
 

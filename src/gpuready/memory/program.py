@@ -31,6 +31,8 @@ class Program:
     phase_peaks: dict[str, int] = field(default_factory=dict)
     phase_breakdowns: dict[str, dict[str, int]] = field(default_factory=dict)
     side_stream: frozenset[str] = frozenset()  # categories allocated on another CUDA stream
+    # a cached segment the replay does not see but that is held at the peak (cuDNN's largest workspace)
+    cached_outside_bytes: int = 0
     _by_cat: dict[str, int] = field(default_factory=dict)
     _next: int = 0
     _cats: dict[int, str] = field(default_factory=dict)

@@ -16,6 +16,23 @@ from gpuready.models.vision import resnet_convs
 from gpuready.workload import Workload
 
 
+# cuDNN convolution workspaces come from PyTorch's caching allocator (aten/src/ATen/native/cudnn/Conv_v8.cpp) and
+# their segment stays cached. Their size depends on the algorithm cuDNN's heuristics pick and is not published per
+# layer. Measured on the H200 (torch 2.11): reserved - allocated = 2.06 GiB (resnet50, fp32, 128 x 224 px),
+# 2.29 GiB (resnet18, fp32, 64 x 320 px), 0.53 GiB (resnet101, bf16 autocast, 64 x 224 px): about six times the
+# largest feature map in each case (../shared/calibration/h200.jsonl, docs/calibration/h200_gpuready.jsonl).
+CUDNN_WORKSPACE_PER_LARGEST_MAP = 6.0
+
+
+def resnet_largest_map_bytes(spec: ModelSpec, w: Workload) -> int:
+    e = dtypes_for(w).act
+    sizes = [
+        w.batch * c.cout * _side(w.image_size, s) ** 2 * e
+        for c, s in resnet_convs(spec.vision["block"], list(spec.vision["layers"]))
+    ]
+    return max(sizes)
+
+
 def _side(image: int, scale: int) -> int:
     # each stride-2 stage halves the side, rounding up (padding=1 convs and pools)
     side = image
@@ -119,6 +136,8 @@ def _weights(prog: Program, spec: ModelSpec, w: Workload) -> list[Trainable]:
 
 def vision_program(spec: ModelSpec, w: Workload) -> Program:
     prog = Program()
+    if spec.model_type == "resnet":
+        prog.cached_outside_bytes = int(CUDNN_WORKSPACE_PER_LARGEST_MAP * resnet_largest_map_bytes(spec, w))
     dt = dtypes_for(w)
     trainable = _weights(prog, spec, w)
     forward = _resnet_forward if spec.model_type == "resnet" else _vit_forward
