@@ -15,7 +15,6 @@ from gpuready.models.spec import ModelSpec
 from gpuready.models.vision import resnet_convs
 from gpuready.workload import Workload
 
-
 # cuDNN convolution workspaces come from PyTorch's caching allocator (aten/src/ATen/native/cudnn/Conv_v8.cpp) and
 # their segment stays cached. Their size depends on the algorithm cuDNN's heuristics pick and is not published per
 # layer. Measured on the H200 (torch 2.11): reserved - allocated = 2.06 GiB (resnet50, fp32, 128 x 224 px),
