@@ -185,16 +185,43 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
         temps.remove(handle)
         prog.free(handle)
 
-    def norm() -> None:
-        # RMSNorm (LlamaRMSNorm): x.to(fp32) is kept by pow (in fp32 runs that is the input itself);
-        # weight * y.to(dtype) keeps y only when the weight trains. Gemma2RMSNorm multiplies the fp32 y by
-        # (1 + weight) and keeps that fp32 y. LayerNorm (native_layer_norm) keeps its input.
+    def norm() -> int:
+        """RMSNorm as LlamaRMSNorm runs it: x.to(fp32) (kept by pow; in fp32 runs the input itself), pow,
+        mean, rsqrt (kept), x * rsqrt in fp32, .to(dtype) (kept by weight * y when the weight trains), then
+        weight * y. Gemma2RMSNorm keeps the fp32 y instead. LayerNorm keeps its input. Returns the output's
+        handle: kept when the projections that read it keep it, else a temporary dropped after them.
+        Backward of the fp32 norm holds about three fp32 temporaries of the input's size."""
         if spec.norm == "layer":
             save(T * h * r, T * h * e)
-            return
-        save(T * h * 4, T * h * e)
-        if full:
-            save(T * h * (4 if spec.model_type == "gemma2" else r))
+        else:
+            save(T * h * 4, T * h * e, (), 3 * T * h * 4)
+            drop(tmp(T * h * 4))  # x ** 2
+            y32 = tmp(T * h * 4)
+            if full:
+                save(T * h * (4 if spec.model_type == "gemma2" else r))
+            else:
+                yb = tmp(T * h * r)
+            out = tmp(T * h * r) if not (full and not dt.autocast) else 0
+            drop(y32)
+            if not full:
+                drop(yb)
+            if out:
+                return out
+        if full and not dt.autocast:
+            save(T * h * e)  # the norm output, kept (once) by the projections that read it
+            return 0
+        return tmp(T * h * r)
+
+    def rope(width: int) -> None:
+        # q*cos + rotate_half(q)*sin: the product, -x2, cat, its product with sin; the sum is the new q
+        a_ = tmp(T * width * e)
+        n_ = tmp(T * width * e // 2)
+        c_ = tmp(T * width * e)
+        drop(n_)
+        b_ = tmp(T * width * e)
+        drop(c_)
+        drop(a_)
+        drop(b_)
 
     def linear_in(lin: Linear, width: int, shared: bool) -> None:
         """What a linear keeps of its input: the input when the weight trains (once per shared input; autocast
@@ -220,9 +247,7 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
 
     lins = {lin.name: lin for lin in spec.block_linears}
     # --- attention
-    norm()
-    if full and not dt.autocast:
-        save(T * h * e)  # the norm output, shared by the projections that follow
+    normed = norm()
     q_width = a * (spec.qk_nope_dim + spec.qk_rope_dim) if spec.mla else a * d
     kv_width = kv * d if not spec.mla else 0
     for name in ("q_proj", "k_proj", "v_proj", "qkv_proj", "c_attn", "kv_a_proj_with_mqa"):
@@ -239,14 +264,20 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
         k_width = v_width = kv_width
     if spec.qk_norm:
         save(T * (q_width + k_width) * 4, T * (q_width + k_width) * e)
-    # RoPE makes new q and k (q*cos + rotate_half(q)*sin); its temporaries live only for a moment
-    t1 = tmp(T * q_width * e)
-    drop(t1)
+    # the projections' q and k outputs live until RoPE has made its own (mul keeps only cos and sin)
+    q_out, k_out = tmp(T * q_width * e), tmp(T * k_width * e)
+    if normed:
+        drop(normed)
+    if spec.model_type != "gpt2":
+        rope(q_width)
+        rope(k_width)
     out_width = a * (spec.v_head_dim or d)
     backend = ctx.backend
     expanded = backend in ("eager", "efficient") and ctx.mask and k_width < q_width
     kq = q_width if (expanded or (backend == "eager" and k_width < q_width)) else k_width
     vq = out_width if (expanded or (backend == "eager" and v_width < out_width)) else v_width
+    drop(q_out)
+    drop(k_out)
     if backend in ("flash", "efficient"):
         save(T * q_width * e, T * q_width * e)  # q after RoPE
         save(T * kq * e, T * kq * e)
@@ -281,26 +312,32 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
     o = lins.get("o_proj") or lins.get("c_proj")
     if o is not None:
         linear_in(o, out_width, True)
+    o_out = tmp(T * h * e)
+    resid = tmp(T * h * r)  # residual + attention output
+    drop(o_out)
     if spec.model_type == "gpt2" and ctx.w.task == "train":
         save(T * h)  # resid_pdrop dropout keeps a bool mask
     for _ in range(spec.norms_per_layer - 2):
-        norm()  # gemma2's post-attention norm (its pre/post-feedforward pair adds one more below)
+        extra = norm()  # gemma2's post-attention norm (its pre/post-feedforward pair adds one more below)
+        if extra:
+            drop(extra)
     # --- MLP
-    norm()
+    normed = norm()
     width, fan = _mlp_width(spec, layer)
     Tm = T * fan
-    if full and not dt.autocast:
-        save(T * h * e)
     gate_up = [n for n in ("gate_proj", "up_proj", "gate_up_proj", "c_fc") if n in lins]
     for name in gate_up:
         lin = lins[name]
         if lin.count > 1:
             save(Tm * h * e)  # tokens gathered per expert
         linear_in(lin, h, True)
+    if normed:
+        drop(normed)
     if spec.gated_mlp:
         save(Tm * width * e, Tm * width * e)  # gate output, kept by the activation
         save(Tm * width * e, Tm * width * e)  # up output, kept by the product
-        save(Tm * width * e, Tm * width * e)  # activation output, kept by the product
+        # activation output, kept by the product, whose backward makes both operands' gradients at once
+        save(Tm * width * e, Tm * width * e, (), Tm * width * e)
     else:  # gpt2's gelu_new is written out in Python: x, tanh(...), 0.5*x and 1+tanh(...) are kept
         save(Tm * width * e, Tm * width * e)
         save(Tm * width * e)
@@ -320,7 +357,13 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
     if spec.model_type == "gpt2" and ctx.w.task == "train":
         save(T * h)
     for _ in range(spec.norms_per_layer - 2 - 1):
-        norm()
+        extra = norm()
+        if extra:
+            drop(extra)
+    down_out = tmp(T * h * e)
+    tmp(T * h * r)  # the layer's output, residual + MLP output (dropped with the other temporaries below)
+    drop(down_out)
+    drop(resid)
     for handle in list(temps):
         drop(handle)
     return saved
