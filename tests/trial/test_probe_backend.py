@@ -112,3 +112,24 @@ def test_runner_ends_a_process_group_on_timeout(tmp_path: Path) -> None:
         except (ProcessLookupError, psutil.Error):
             pass
     assert alive == []
+
+
+def test_emulating_a_smaller_card_caps_the_allocator_below_its_size() -> None:
+    """`trial --gpu-memory 24GiB`: the probe's allocator may hold the card's size less the CUDA context that the
+    estimator counts outside the allocator, so "fits" means the same thing in both."""
+    import json as _json
+
+    from gpuready.memory.estimate import device_overhead_bytes
+    from gpuready.trial import api
+
+    seen: list[dict[str, Any]] = []
+
+    def fake_run(argv: list[str], **kwargs: Any) -> runner.ProcessResult:
+        spec_path = next(a for a in argv if a.endswith("spec.json"))
+        seen.append(_json.loads(Path(spec_path).read_text(encoding="utf-8")))
+        return runner.ProcessResult(list(argv), 1, 0.1, output_tail=["torch.OutOfMemoryError: CUDA out of memory"])
+
+    w = make_workload(model="gpt2")
+    result = api.trial_probe(w, emulate_gpu_bytes=24 * 2**30, predictor=None, run=fake_run)
+    assert seen and seen[0]["memory_cap_bytes"] == 24 * 2**30 - device_overhead_bytes(w)
+    assert result.points[0].status == "oom"

@@ -60,6 +60,12 @@ def trial_cmd(
     chart: Annotated[Path | None, typer.Option(help="write a chart: .png (matplotlib) or .svg")] = None,
     db: DbOpt = None,
     no_db: Annotated[bool, typer.Option("--no-db", help="do not record in the results database")] = False,
+    gpu_memory: Annotated[
+        str | None,
+        typer.Option(
+            help="emulate a smaller card, e.g. 24GiB: PyTorch's allocator is capped at it, less the CUDA context"
+        ),
+    ] = None,
     json_out: JsonOpt = False,
     *,
     workload_flags: dict[str, Any],
@@ -111,12 +117,15 @@ def trial_cmd(
                 progress.update(task, total=len(parsed[1]) if parsed else (None if find_max else 1))
             var = find_max or (parsed[0] if parsed else "batch")
             predict = api.estimator_predictor(workload, var)
+            from gpuready.units import parse_size
+
             result = api.trial_probe(
                 workload,
                 sweep=parsed,
                 find_max=find_max,
                 nproc=nproc,
                 timeout=timeout,
+                emulate_gpu_bytes=parse_size(gpu_memory, "--gpu-memory") if gpu_memory else None,
                 db=database,
                 predictor=predict,
                 on_point=on_point,

@@ -10,6 +10,7 @@ from typing import Any
 
 from gpuready.errors import InputError
 from gpuready.store import ResultsDB
+from gpuready.trial import runner
 from gpuready.trial import search as search_mod
 from gpuready.trial.backend import CommandBackend, ProbeBackend
 from gpuready.trial.result import LinearFit, Point, TrialResult
@@ -23,17 +24,15 @@ FIND_MAX_UPPER = {"batch": 1 << 16, "seq": 1 << 20}
 
 
 def estimator_predictor(workload: Workload, variable: str) -> Predictor | None:
-    """peak_device_bytes predicted by gpuready.memory.estimate for each value of `variable`; None when the
-    estimator is not available (then searches start from 1 and charts show no prediction line)."""
-    try:
-        from gpuready.memory import estimate  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:
-        return None
+    """peak_device_bytes predicted by gpuready.memory.estimate for each value of `variable` (None where the
+    estimator cannot size the job, e.g. a model type it does not know)."""
+    from gpuready.errors import GpureadyError
+    from gpuready.memory import estimate
 
     def predict(value: int) -> float | None:
         try:
             est = estimate(workload.model_copy(update={variable: value}))
-        except Exception:  # an estimate that cannot be made is simply unknown
+        except GpureadyError:
             return None
         return float(est.peak_device_bytes)
 
@@ -152,8 +151,13 @@ def trial_probe(
     predictor: Predictor | bool | None = True,
     on_point: PointCallback | None = None,
     on_line: Callable[[str], None] | None = None,
+    emulate_gpu_bytes: int | None = None,
+    run: runner.RunFn | None = None,
 ) -> TrialResult:
     """Measure `workload` with the built-in probe: one point, a sweep, or the largest batch/seq that runs.
+
+    emulate_gpu_bytes: behave like a card of this size (PyTorch's allocator capped at it, less the CUDA context
+    and workspaces the estimator counts outside the allocator).
 
     predictor: True = the estimator's (when available), None/False = none, or a callable value -> bytes.
     """
@@ -163,7 +167,16 @@ def trial_probe(
         raise InputError("--find-max", f"{find_max!r}: allowed: batch, seq")
     if nproc is not None and nproc < 1:
         raise InputError("--nproc", "an integer ≥ 1")
-    backend = ProbeBackend(workload, nproc=nproc, on_line=on_line)
+    cap = None
+    if emulate_gpu_bytes is not None:
+        from gpuready.memory.estimate import device_overhead_bytes
+
+        cap = emulate_gpu_bytes - device_overhead_bytes(workload)
+        if cap <= 0:
+            raise InputError("--gpu-memory", "smaller than the CUDA context alone")
+    backend = ProbeBackend(workload, nproc=nproc, on_line=on_line, memory_cap_bytes=cap)
+    if run is not None:  # a fake process runner, for tests
+        backend.run = run
     if timeout is not None:
         backend.timeout = timeout
     variable = find_max or (sweep[0] if sweep else "batch")
@@ -177,6 +190,7 @@ def trial_probe(
         predict = predictor
     return run_backend(
         backend,
+        capacity_bytes=emulate_gpu_bytes,
         kind="probe",
         target=workload.model,
         variable=variable,

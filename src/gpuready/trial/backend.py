@@ -149,10 +149,12 @@ class ProbeBackend:
     timeout: float = DEFAULT_PROBE_TIMEOUT_SECONDS
     run: runner.RunFn = runner.run
     on_line: Callable[[str], None] | None = None
+    memory_cap_bytes: int | None = None  # emulate a smaller card: cap PyTorch's allocator at this many bytes
 
     def run_point(self, values: dict[str, int]) -> Point:
         workload = self.workload.model_copy(update=values)
         spec = probe_spec(workload)
+        spec["memory_cap_bytes"] = self.memory_cap_bytes
         with tempfile.TemporaryDirectory(prefix="gpuready-trial-") as tmp:
             spec_path = Path(tmp) / "spec.json"
             out_path = Path(tmp) / "result.json"

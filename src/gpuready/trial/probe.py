@@ -175,6 +175,12 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     device = torch.cuda.current_device()
     props = torch.cuda.get_device_properties(device)
     result.update(gpu=props.name, gpu_total_bytes=int(props.total_memory))
+    cap = spec.get("memory_cap_bytes")
+    if cap:
+        # emulate a smaller card: the caching allocator may hold at most `cap` bytes (it frees its cache and
+        # retries before it raises out-of-memory, as it would on a card of that size)
+        torch.cuda.set_per_process_memory_fraction(min(1.0, int(cap) / int(props.total_memory)), device)
+        result["memory_cap_bytes"] = int(cap)
     try:
         import transformers
 
