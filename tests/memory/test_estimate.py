@@ -159,6 +159,8 @@ def test_reserved_is_at_least_allocated_and_device_adds_the_context() -> None:
 
 
 def test_fits_headroom_and_max_batch_agree() -> None:
+    from gpuready.memory.estimate import FIT_MARGIN, needed_bytes
+
     w = make_workload(model="llama-3.2-1b", batch=1, seq=2048)
     e = estimate(w, 24 * GIB)
     assert e.fits is True
@@ -166,9 +168,23 @@ def test_fits_headroom_and_max_batch_agree() -> None:
     spec = resolve_model("llama-3.2-1b")
     mb = e.max_batch
     assert mb is not None and mb >= 1
-    assert estimate(w.model_copy(update={"batch": mb})).peak_device_bytes <= 24 * GIB
-    assert estimate(w.model_copy(update={"batch": mb + 1})).peak_device_bytes > 24 * GIB
+    at_max = estimate(w.model_copy(update={"batch": mb}), 24 * GIB)
+    over = estimate(w.model_copy(update={"batch": mb + 1}), 24 * GIB)
+    assert at_max.fits is True and over.fits is False
+    # the rule: the predicted reserve plus its margin plus the context must fit
+    assert needed_bytes(at_max.peak_reserved_bytes, w) <= 24 * GIB < needed_bytes(over.peak_reserved_bytes, w)
+    assert (
+        needed_bytes(at_max.peak_reserved_bytes, w)
+        >= at_max.peak_device_bytes + FIT_MARGIN * at_max.peak_reserved_bytes
+    )
     assert largest_batch(spec, w, 1 * GIB) == 0
+
+
+def test_max_batch_stays_below_the_fragmentation_cliff_measured_on_an_80gib_card() -> None:
+    """docs/max_batch.md: on an H200 capped at 80 GiB, llama-3.2-1b at seq 2048 ran batch 10 and ran out of memory
+    at batch 11 (a 10.76 GiB logits block found no cached block) although 11 was predicted at 77.8 GiB."""
+    e = estimate(make_workload(model="llama-3.2-1b", batch=11, seq=2048), 80 * GIB)
+    assert e.max_batch == 10 and e.fits is False
 
 
 def test_a_job_that_does_not_fit_gets_mitigations_that_were_estimated() -> None:

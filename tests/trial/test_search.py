@@ -78,3 +78,27 @@ def test_fit_line_recovers_fixed_and_slope() -> None:
     assert fit.fixed_bytes == pytest.approx(100)
     assert fit.per_unit_bytes == pytest.approx(7)
     assert fit.max_value(170) == 10
+
+
+def test_saturated_peaks_under_a_memory_cap_make_the_search_bisect() -> None:
+    """Regression: under `trial --gpu-memory` ResNet-50's peaks stayed at the cap from batch 234 to 280, the
+    model-guided steps crawled upward, and the search took 20 points (docs/max_batch/resnet50_fp32_24.json)."""
+    from gpuready.trial.result import Point
+    from gpuready.trial.search import find_max
+
+    cap = 24 * 2**30
+    limit = 280
+
+    class Capped:
+        def run_point(self, values: dict[str, int]) -> Point:
+            b = values["batch"]
+            ok = b <= limit
+            peak = min(cap * 0.99, b * 0.1 * 2**30) if ok else None
+            return Point(values=dict(values), ok=ok, status="ok" if ok else "oom", peak_device_bytes=peak)
+
+    def predict(b: int) -> float:  # the estimator thinks 234 is the limit
+        return b * cap / 234 * 0.999
+
+    found = find_max(Capped(), "batch", capacity_bytes=cap, predict=predict)
+    assert found.max == limit
+    assert len(found.points) <= 12

@@ -62,12 +62,13 @@ def _candidates(w: Workload) -> list[tuple[str, dict[str, Any], str]]:
 
 def suggest(w: Workload, capacity_bytes: int, limit: int = 5) -> list[Mitigation]:
     """Up to `limit` single changes (and two useful pairs), those that fit first, smallest peak first."""
-    from gpuready.memory.estimate import estimate
+    from gpuready.memory.estimate import estimate, needed_bytes
 
     found = []
     for change, update, note in _candidates(w):
         variant = w.model_copy(update=update)
         est = estimate(variant, find_max_batch=False)
-        found.append(Mitigation(change, est.peak_device_bytes, est.peak_device_bytes <= capacity_bytes, note))
+        fits = needed_bytes(est.peak_reserved_bytes, variant) <= capacity_bytes
+        found.append(Mitigation(change, est.peak_device_bytes, fits, note))
     found.sort(key=lambda m: (not m.fits, m.peak_device_bytes))
     return found[:limit]
