@@ -1,0 +1,25 @@
+"""The arithmetic estimate agrees with the traced mode (the real transformers code on fake tensors) on the
+allocated peak across architectures, methods and shapes: a CPU check of the arithmetic model at scale."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from benchmarks.arith_vs_trace import compare, jobs
+
+QUICK = jobs(Path(__file__).parent / "_tiny_configs", quick=True)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(("name", "fields"), QUICK, ids=[n for n, _ in QUICK])
+def test_allocated_peak_agrees_with_the_trace(name: str, fields: dict[str, object]) -> None:
+    allocated, _reserved = compare(fields)
+    # measured on the H200 the arithmetic allocated peak is within 0.3% (median); the traced mode sits
+    # 1.5-3% high on training rows (docs/accuracy_trace.md), and inference of GPT-2 differs most
+    assert abs(allocated) <= 0.08, f"{name}: arithmetic differs from the trace by {allocated:+.1%}"
