@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from gpuready.cli.common import JsonOpt, build_workload, print_json, with_workload
 from gpuready.errors import InputError
-from gpuready.memory.result import MemoryEstimate
 from gpuready.units import format_bytes, parse_size
+
+if TYPE_CHECKING:
+    from gpuready.memory.result import MemoryEstimate
 
 COLORS = {
     "weights": "blue",
