@@ -39,7 +39,7 @@ class _Run:
     peak_allocated: int
     peak_reserved: int
     phase_peaks: dict[str, int]
-    phase_breakdowns: dict[str, dict[str, int]]
+    breakdown: dict[str, int]  # at the peak phase
 
 
 def _run(spec: ModelSpec, w: Workload) -> _Run:
@@ -52,7 +52,8 @@ def _run(spec: ModelSpec, w: Workload) -> _Run:
     else:
         reserved = replay(prog.events).peak_reserved_bytes
     reserved = max(reserved, prog.peak_allocated + prog.cached_outside_bytes)
-    return _Run(prog.peak_allocated, reserved, dict(prog.phase_peaks), prog.phase_breakdowns)
+    phase = max(prog.phase_peaks, key=lambda p: prog.phase_peaks[p])
+    return _Run(prog.peak_allocated, reserved, dict(prog.phase_peaks), prog.breakdown(phase))
 
 
 def _program(spec: ModelSpec, w: Workload) -> Program:
@@ -75,7 +76,7 @@ def _core(spec: ModelSpec, w: Workload) -> tuple[int, int, str, dict[str, int], 
     run = _run(spec, w)
     phase = max(run.phase_peaks, key=lambda p: run.phase_peaks[p])
     reserved = max(run.peak_reserved, run.peak_allocated)
-    return run.peak_allocated, reserved, phase, run.phase_breakdowns[phase], run.phase_peaks
+    return run.peak_allocated, reserved, phase, run.breakdown, run.phase_peaks
 
 
 def _check_supported(spec: ModelSpec, w: Workload) -> None:

@@ -1,8 +1,9 @@
 """A job as the ordered allocations and frees it makes on the GPU (coarse: one event per tensor that matters).
 
 The estimator describes forward, backward and optimizer steps as such a program; this module keeps the running
-total (peak allocated, the phase and the per-component breakdown at the peak) and hands the event list to the
-caching-allocator model for peak reserved.
+total (peak allocated and, per phase, where it peaked) and hands the event list to the caching-allocator model
+for peak reserved. The breakdown by component at a peak is computed afterwards by one pass over the events, so
+building a program costs one append per event.
 """
 
 from __future__ import annotations
@@ -23,19 +24,16 @@ class Program:
 
     # allocator.replay's encoding: +size allocates and takes the next id (1, 2, ...), -id frees that id
     events: list[int] = field(default_factory=list)
-    live: dict[int, tuple[str, int]] = field(default_factory=dict)
+    sizes: list[int] = field(default_factory=lambda: [0])  # handle -> rounded bytes (handle 0: nothing)
+    categories: list[str] = field(default_factory=lambda: [""])  # handle -> component
     allocated: int = 0
     peak_allocated: int = 0
     phase: str = "load"
-    peak_phase: str = "load"
     phase_peaks: dict[str, int] = field(default_factory=dict)
-    phase_breakdowns: dict[str, dict[str, int]] = field(default_factory=dict)
+    phase_peak_events: dict[str, int] = field(default_factory=dict)  # phase -> events before its peak
     side_stream: frozenset[str] = frozenset()  # categories allocated on another CUDA stream
     # a cached segment the replay does not see but that is held at the peak (cuDNN's largest workspace)
     cached_outside_bytes: int = 0
-    _by_cat: dict[str, int] = field(default_factory=dict)
-    _next: int = 0
-    _cats: dict[int, str] = field(default_factory=dict)
 
     def set_phase(self, name: str) -> None:
         self.phase = name
@@ -45,29 +43,22 @@ class Program:
         size = rounded(int(nbytes))
         if size == 0:
             return 0
-        self._next += 1
-        handle = self._next
+        self.sizes.append(size)
+        self.categories.append(category)
         self.events.append(size)
-        if self.side_stream:
-            self._cats[handle] = category
-        self.live[handle] = (category, size)
         self.allocated += size
-        self._by_cat[category] = self._by_cat.get(category, 0) + size
         if self.allocated > self.phase_peaks.get(self.phase, -1):
             self.phase_peaks[self.phase] = self.allocated
-            self.phase_breakdowns[self.phase] = {k: v for k, v in self._by_cat.items() if v}
-        if self.allocated > self.peak_allocated:
-            self.peak_allocated = self.allocated
-            self.peak_phase = self.phase
-        return handle
+            self.phase_peak_events[self.phase] = len(self.events)
+            if self.allocated > self.peak_allocated:
+                self.peak_allocated = self.allocated
+        return len(self.sizes) - 1
 
     def free(self, handle: int) -> None:
         if handle == 0:
             return
-        category, size = self.live.pop(handle)
         self.events.append(-handle)
-        self.allocated -= size
-        self._by_cat[category] -= size
+        self.allocated -= self.sizes[handle]
 
     def free_all(self, handles: list[int]) -> None:
         for h in handles:
@@ -77,17 +68,33 @@ class Program:
         """Tensors that live together for a moment and are freed (e.g. an op's output and its temporaries)."""
         self.free_all([self.alloc(category, s) for s in sizes])
 
+    def size_of(self, handle: int) -> int:
+        return self.sizes[handle]
+
+    def breakdown(self, phase: str) -> dict[str, int]:
+        """Live bytes per component at the peak of `phase`."""
+        end = self.phase_peak_events.get(phase, 0)
+        by_cat: dict[str, int] = {}
+        handle = 0
+        sizes, cats = self.sizes, self.categories
+        for ev in self.events[:end]:
+            if ev > 0:
+                handle += 1
+                by_cat[cats[handle]] = by_cat.get(cats[handle], 0) + sizes[handle]
+            else:
+                by_cat[cats[-ev]] -= sizes[-ev]
+        return {k: v for k, v in by_cat.items() if v}
+
     def split_streams(self) -> tuple[list[int], list[int]]:
         """The events of the main stream and of the side stream, each renumbered for its own replay."""
         streams: tuple[list[int], list[int]] = ([], [])
         where: dict[int, tuple[int, int]] = {}  # handle -> (stream, id within the stream)
         counts = [0, 0]
-        cats = self._cats
         handle = 0
         for ev in self.events:
             if ev > 0:
                 handle += 1
-                s = 1 if cats[handle] in self.side_stream else 0
+                s = 1 if self.categories[handle] in self.side_stream else 0
                 counts[s] += 1
                 where[handle] = (s, counts[s])
                 streams[s].append(ev)
