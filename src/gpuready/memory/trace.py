@@ -34,7 +34,7 @@ from typing import Any
 from gpuready.errors import GpureadyError, InputError
 from gpuready.memory.allocator import MIB, AllocatorOutOfMemory, CachingAllocator, round_size
 from gpuready.memory.result import MemoryEstimate
-from gpuready.models import find_preset
+from gpuready.models import find_preset, resolve_model
 from gpuready.workload import Workload
 
 # NVML used memory minus max_memory_reserved at the end of each run in ../shared/calibration/h200.jsonl
@@ -306,7 +306,7 @@ def _build_on_meta(torch: Any, transformers: Any, cfg: dict[str, Any], w: Worklo
     cfg = dict(cfg)
     model_type = cfg.pop("model_type")
     if model_type in ("resnet", "vit"):
-        return _build_vision(torch, cfg, model_type)
+        return _build_vision(torch, {**cfg, "image_size": w.image_size}, model_type)
     config = transformers.AutoConfig.for_model(model_type, **cfg)
     attn = "eager" if w.attn == "eager" else "sdpa"
     with torch.device("meta"):
@@ -346,8 +346,10 @@ def _build_vision(torch: Any, cfg: dict[str, Any], model_type: str) -> Any:
 
 
 def _resnet(models: Any, cfg: dict[str, Any]) -> Any:
-    block = models.Bottleneck if cfg["block"] == "bottleneck" else models.BasicBlock
-    return models.ResNet(block, cfg["layers"], num_classes=cfg.get("num_classes", 1000))
+    from torchvision.models import resnet
+
+    block = resnet.Bottleneck if cfg["block"] == "bottleneck" else resnet.BasicBlock
+    return resnet.ResNet(block, cfg["layers"], num_classes=cfg.get("num_classes", 1000))
 
 
 def _torchvision_models() -> Any:
@@ -655,7 +657,17 @@ def trace_estimate(workload: Workload, gpu_memory_bytes: int | None = None) -> M
     overhead = DEVICE_OVERHEAD_TRAIN_BYTES if workload.training else DEVICE_OVERHEAD_INFER_BYTES
     capacity = None if gpu_memory_bytes is None else max(gpu_memory_bytes - overhead, 0)
     rep = _replay(trace, None)
-    peak_device = rep.peak_reserved + overhead
+    reserved = rep.peak_reserved
+    spec = resolve_model(workload.model)
+    if spec.model_type == "resnet" and workload.training:
+        # cuDNN's workspaces come from the caching allocator on the GPU, not on CPU: the same cached-workspace
+        # term as the arithmetic mode (memory/vision.py)
+        from gpuready.memory.vision import CUDNN_WORKSPACE_PER_LARGEST_MAP, resnet_largest_map_bytes
+
+        workspace = int(CUDNN_WORKSPACE_PER_LARGEST_MAP * resnet_largest_map_bytes(spec, workload))
+        reserved = max(reserved, rep.peak_allocated + workspace)
+        notes.append("cuDNN convolution workspace: one cached segment of about six feature maps (measured)")
+    peak_device = reserved + overhead
     fits = headroom = None
     if gpu_memory_bytes is not None:
         fits = peak_device <= gpu_memory_bytes
@@ -686,7 +698,7 @@ def trace_estimate(workload: Workload, gpu_memory_bytes: int | None = None) -> M
         params=job.params,
         trainable_params=job.trainable,
         peak_allocated_bytes=rep.peak_allocated,
-        peak_reserved_bytes=rep.peak_reserved,
+        peak_reserved_bytes=reserved,
         peak_device_bytes=peak_device,
         phase=_phase_at(trace, rep.peak_event),
         breakdown=_breakdown(trace, rep.peak_event, rep.peak_allocated),
