@@ -75,23 +75,10 @@ def estimate_cmd(
             data["gpu"] = gpu_name
         print_json(data)
     else:
-        render(result, workload_summary(workload), gpu_name)
+        from gpuready.workload import describe
+
+        render(result, describe(workload), gpu_name)
     return 1 if result.fits is False else 0
-
-
-def workload_summary(w: Any) -> str:
-    parts = [w.model, w.task]
-    if w.task == "train":
-        parts.append(w.method if w.method == "full" else f"{w.method} r={w.lora_r}")
-    parts += [f"batch {w.batch}", f"seq {w.seq}" if w.seq else ""]
-    if w.task == "infer" and w.new_tokens:
-        parts.append(f"+{w.new_tokens} new tokens")
-    parts += [w.precision]
-    if w.task == "train":
-        parts.append(w.optim)
-        if w.grad_ckpt:
-            parts.append("grad-ckpt")
-    return " · ".join(p for p in parts if p)
 
 
 def _bar(result: MemoryEstimate, width: int = 60) -> Any:

@@ -3,9 +3,10 @@
 from gpuready.workload.spec import (
     FIELDS,
     Workload,
+    describe,
     load_workload_file,
     make_workload,
     workload_from_args,
 )
 
-__all__ = ["FIELDS", "Workload", "load_workload_file", "make_workload", "workload_from_args"]
+__all__ = ["FIELDS", "Workload", "describe", "load_workload_file", "make_workload", "workload_from_args"]

@@ -160,3 +160,23 @@ def workload_from_args(args: list[str] | str) -> Workload:
         fields[name] = words[i + 1]
         i += 2
     return make_workload(**fields)
+
+
+def describe(w: Workload) -> str:
+    """One line a person reads: `llama-3.1-8b · train · lora r=16 · batch 1 · seq 2048 · bf16 · adamw`."""
+    parts = [w.model, w.task]
+    if w.task == "train":
+        parts.append(w.method if w.method == "full" else f"{w.method} r={w.lora_r}")
+    parts += [f"batch {w.batch}", f"seq {w.seq}"]
+    if w.task == "infer" and w.new_tokens:
+        parts.append(f"+{w.new_tokens} new tokens")
+    parts.append(w.precision)
+    if w.task == "train":
+        parts.append(w.optim)
+        if w.grad_ckpt:
+            parts.append("grad-ckpt")
+        if w.grad_accum > 1:
+            parts.append(f"grad-accum {w.grad_accum}")
+    if w.gpus > 1:
+        parts.append(f"{w.gpus} GPUs {w.shard}")
+    return " · ".join(parts)

@@ -1,0 +1,183 @@
+"""Run the steps of the careful method for one job and give one verdict (CONTRACT.md `gpuready check`).
+
+Each step calls the capability that owns it (memory.estimate, doctor.doctor, trial.api.trial_probe,
+storage.projection) and turns its answer into `{name, status, checks}`; nothing here measures anything itself.
+The steps that need what the machine has (the image, the trial) are injectable for tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from gpuready.units import format_bytes
+from gpuready.workload import Workload, describe
+
+Status = Literal["pass", "warn", "fail", "skip"]
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    status: Status
+    summary: str
+    checks: list[dict[str, Any]] = field(default_factory=list)  # {name, status, detail, fix}
+    fixes: list[str] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)  # the owning capability's own JSON
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    ready: bool
+    workload: dict[str, Any]
+    steps: list[Step]
+    fixes: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ready": self.ready,
+            "workload": self.workload,
+            "steps": [asdict(s) for s in self.steps],
+            "fixes": self.fixes,
+        }
+
+
+def _gpu_memory_here() -> tuple[int | None, str | None]:
+    """Total memory and name of the first GPU NVML reports (None where there is no driver or GPU)."""
+    from gpuready.doctor.nvml import read_nvml
+
+    report = read_nvml()
+    if not report.available or not report.gpus:
+        return None, None
+    gpu = report.gpus[0]
+    return gpu.memory_total_bytes, gpu.name
+
+
+def size_step(workload: Workload, capacity: int | None, where: str | None) -> Step:
+    from gpuready.catalog import load_gpus
+    from gpuready.memory import estimate
+
+    if capacity is not None:
+        est = estimate(workload, capacity)
+        line = (
+            f"{format_bytes(est.peak_device_bytes)} at the peak ({est.phase}) on {where}: "
+            + ("fits" if est.fits else "does not fit")
+            + f"; largest batch that fits {est.max_batch}"
+        )
+        fixes = [f"{m['change']} ({format_bytes(m['peak_device_bytes'])})" for m in est.mitigations if m["fits"]]
+        return Step("size", "pass" if est.fits else "fail", line, fixes=fixes, data=est.to_json())
+    # no GPU here: the plan instead — which cards of the catalog would hold it
+    est = estimate(workload)
+    cards: list[dict[str, Any]] = []
+    for gpu in load_gpus():
+        on_card = estimate(workload, gpu.usable_bytes)
+        cards.append(
+            {
+                "gpu": gpu.name,
+                "fits": on_card.fits,
+                "max_batch": on_card.max_batch,
+                "headroom_bytes": on_card.headroom_bytes,
+            }
+        )
+    fitting = [str(c["gpu"]) for c in cards if c["fits"]]
+    line = f"{format_bytes(est.peak_device_bytes)} at the peak ({est.phase}); no GPU here, " + (
+        f"fits on: {', '.join(fitting)}" if fitting else "fits on none of the catalog's cards"
+    )
+    return Step("size", "warn" if fitting else "fail", line, data={**est.to_json(), "cards": cards})
+
+
+def image_step(report: Any) -> Step:
+    checks = [c.to_dict() for c in report.checks if c.status != "pass"]
+    cause = report.cause
+    line = "ready" if report.ready else f"not ready: {cause.name}: {cause.detail}" if cause else "not ready"
+    fixes = [cause.fix] if cause is not None and cause.fix else []
+    return Step("image", "pass" if report.ready else "fail", line, checks=checks, fixes=fixes, data=report.to_dict())
+
+
+def trial_step(result: Any, predicted_device: int | None) -> Step:
+    data = result.to_json()
+    points = result.points
+    if not points:
+        return Step("trial", "fail", "the trial ran no point", data=data)
+    if result.max is not None:
+        line = f"largest {result.variable} that runs: {result.max} ({len(points)} runs)"
+        return Step("trial", "pass" if result.max >= 1 else "fail", line, data=data)
+    point = points[-1]
+    if not point.ok:
+        return Step("trial", "fail", f"{point.status}: {point.error}", data=data)
+    line = f"ran: {format_bytes(point.peak_device_bytes)} on the device"
+    if predicted_device and point.peak_device_bytes:
+        line += f" (predicted {format_bytes(predicted_device)}, {point.peak_device_bytes / predicted_device - 1:+.1%})"
+    if point.step_seconds:
+        line += f", {point.step_seconds:.3f} s a step"
+    return Step("trial", "pass", line, data=data)
+
+
+def storage_step(workload: Workload, path: Path) -> Step:
+    from gpuready.storage.mounts import statvfs_usage
+    from gpuready.storage.projection import job_sizes, project_disk
+
+    sizes = job_sizes(workload)
+    usage = statvfs_usage(str(path))
+    total, free = (usage[0], usage[1]) if usage else (None, None)
+    proj = project_disk(
+        free_bytes=free,
+        total_bytes=total,
+        mount_point=str(path),
+        model_bytes=sizes.model_bytes,
+        checkpoint_bytes=sizes.checkpoint_bytes,
+        assumptions=sizes.assumptions,
+    )
+    status: Status = "warn" if proj.fits is None or proj.warn else ("pass" if proj.fits else "fail")
+    line = f"{format_bytes(proj.need_bytes)} to write in {path}: {proj.message}"
+    fixes = ["move the caches and checkpoints to a data disk: see `gpuready storage`"] if status != "pass" else []
+    return Step("storage", status, line, fixes=fixes, data=proj.to_json())
+
+
+def check(
+    workload: Workload,
+    *,
+    gpu_memory_bytes: int | None = None,
+    quick: bool = False,
+    find_max: bool = False,
+    requirements: Path | None = None,
+    path: Path = Path("."),
+    gpu_here: Callable[[], tuple[int | None, str | None]] = _gpu_memory_here,
+    run_doctor: Callable[..., Any] | None = None,
+    run_trial: Callable[..., Any] | None = None,
+) -> CheckResult:
+    """The preflight. `quick` skips the live torch probe and the trial; without a GPU the trial is skipped and
+    the size step becomes the plan over the GPU catalog."""
+    steps: list[Step] = [Step("task", "pass", describe(workload), data=workload.model_dump(mode="json"))]
+    here, name = gpu_here()
+    capacity = gpu_memory_bytes if gpu_memory_bytes is not None else here
+    where = format_bytes(capacity) if gpu_memory_bytes is not None else (name or "this GPU")
+    size = size_step(workload, capacity, where)
+    steps.append(size)
+    if run_doctor is None:
+        from gpuready.doctor import doctor
+
+        run_doctor = doctor
+    steps.append(image_step(run_doctor(requirements, fast=quick)))
+    if quick:
+        steps.append(Step("trial", "skip", "skipped (--quick)"))
+    elif here is None:
+        steps.append(Step("trial", "skip", "skipped: no GPU on this machine"))
+    elif steps[-1].status == "fail":
+        steps.append(Step("trial", "skip", "skipped: the image is not ready"))
+    else:
+        if run_trial is None:
+            from gpuready.trial.api import trial_probe
+
+            run_trial = trial_probe
+        predicted = size.data.get("peak_device_bytes")
+        result = run_trial(workload, find_max="batch" if find_max else None, db=None)
+        steps.append(trial_step(result, predicted))
+    steps.append(storage_step(workload, path))
+    fixes = [f for s in steps for f in s.fixes]
+    ready = all(s.status in ("pass", "warn", "skip") for s in steps) and any(
+        s.name == "size" and s.status == "pass" for s in steps
+    )
+    return CheckResult(ready, workload.model_dump(mode="json"), steps, fixes)

@@ -1,0 +1,91 @@
+"""`gpuready check` with the machine faked: no GPU, a ready GPU, a job that does not fit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuready.check import check
+from gpuready.doctor import Check, DoctorReport
+from gpuready.trial.result import Point, TrialResult
+from gpuready.workload import make_workload
+
+GIB = 2**30
+
+
+def report(ready: bool) -> DoctorReport:
+    bad = Check("torch-build", "fail", "torch 2.5.1+cpu is a CPU-only build", "pip install torch --index-url ...")
+    checks = (Check("nvidia-driver", "pass", "580.159"),) + (() if ready else (bad,))
+    return DoctorReport(ready, checks, None if ready else bad, True, "ran", 0.1, 0.2)
+
+
+def doctor_says(ready: bool) -> Any:
+    return lambda requirements, fast: report(ready)
+
+
+def trial_ran(peak: int) -> Any:
+    def run(workload: Any, find_max: str | None, db: Any) -> TrialResult:
+        point = Point(values={"batch": workload.batch}, ok=True, status="ok", peak_device_bytes=peak, step_seconds=0.2)
+        return TrialResult("probe", workload.model, "batch", [point])
+
+    return run
+
+
+def no_trial(*args: Any, **kwargs: Any) -> TrialResult:
+    raise AssertionError("the trial must not run here")
+
+
+def test_without_a_gpu_the_size_step_is_the_plan_and_the_trial_is_skipped(tmp_path: Path) -> None:
+    w = make_workload(model="llama-3.2-1b", seq=1024)
+    r = check(w, path=tmp_path, gpu_here=lambda: (None, None), run_doctor=doctor_says(False), run_trial=no_trial)
+    steps = {s.name: s for s in r.steps}
+    assert [s.name for s in r.steps] == ["task", "size", "image", "trial", "storage"]
+    assert steps["size"].status == "warn" and steps["size"].data["cards"]
+    assert any(c["gpu"] == "H100 SXM" and c["fits"] for c in steps["size"].data["cards"])
+    assert steps["image"].status == "fail" and steps["trial"].status == "skip"
+    assert r.ready is False
+    assert "pip install torch --index-url ..." in r.fixes
+
+
+def test_a_ready_gpu_that_holds_the_job_is_ready(tmp_path: Path) -> None:
+    w = make_workload(model="llama-3.2-1b", seq=1024)
+    r = check(
+        w,
+        path=tmp_path,
+        gpu_here=lambda: (80 * GIB, "NVIDIA A100 80GB"),
+        run_doctor=doctor_says(True),
+        run_trial=trial_ran(9 * GIB),
+    )
+    steps = {s.name: s for s in r.steps}
+    assert steps["size"].status == "pass" and "NVIDIA A100 80GB" in steps["size"].summary
+    assert steps["trial"].status == "pass" and "predicted" in steps["trial"].summary
+    assert r.ready is True and r.fixes == []
+
+
+def test_a_job_that_does_not_fit_fails_with_what_would(tmp_path: Path) -> None:
+    w = make_workload(model="llama-3.1-8b", method="lora")
+    r = check(
+        w,
+        path=tmp_path,
+        gpu_here=lambda: (24 * GIB, "NVIDIA RTX 4090"),
+        run_doctor=doctor_says(True),
+        run_trial=trial_ran(20 * GIB),
+    )
+    size = next(s for s in r.steps if s.name == "size")
+    assert size.status == "fail" and r.ready is False
+    assert any("--grad-ckpt" in f for f in r.fixes)
+
+
+def test_cli_json_and_html(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuready.cli.app import main
+
+    page = tmp_path / "report.html"
+    code = main(["check", "gpt2", "--quick", "--json", "--html", str(page)])
+    data = json.loads(capsys.readouterr().out)
+    assert code == (0 if data["ready"] else 1)
+    assert {"ready", "steps", "fixes"} <= set(data)
+    assert all({"name", "status", "checks"} <= set(s) for s in data["steps"])
+    assert "gpuready check" in page.read_text(encoding="utf-8")
