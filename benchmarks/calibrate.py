@@ -19,24 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from gpuready.trial.backend import ProbeBackend
-from gpuready.workload import Workload, make_workload
-
-_BOOL = {"grad_ckpt"}
-
+from gpuready.workload import Workload, workload_from_args
 
 def parse_job(args: str) -> Workload:
-    tokens = shlex.split(args)
-    fields: dict[str, Any] = {"model": tokens[0]}
-    i = 1
-    while i < len(tokens):
-        name = tokens[i].removeprefix("--").replace("-", "_")
-        if name in _BOOL:
-            fields[name] = True
-            i += 1
-        else:
-            fields[name] = tokens[i + 1]
-            i += 2
-    return make_workload(**fields)
+    return workload_from_args(args)
 
 
 def job_id(w: Workload) -> str:
