@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 from gpuready.trial.backend import ProbeBackend
 from gpuready.workload import Workload, workload_from_args
+
 
 def parse_job(args: str) -> Workload:
     return workload_from_args(args)
