@@ -44,7 +44,7 @@ def pct(pred: float, meas: float) -> float:
 def main(argv: list[str]) -> int:
     import platform
 
-    files = [Path(a) for a in argv if not a.startswith("--")] or DEFAULT_FILES
+    files = [Path(a).resolve() for a in argv if not a.startswith("--")] or DEFAULT_FILES
     used = ", ".join(str(f.relative_to(ROOT.parent)) for f in files if f.is_file())
     print("# Accuracy of the arithmetic estimator\n")
     print(f"Date: {time.strftime('%Y-%m-%d')}. Machine: {platform.platform()}, Python {platform.python_version()}.")

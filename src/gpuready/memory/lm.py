@@ -343,10 +343,15 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
         # activation output, kept by the product, whose backward makes both operands' gradients at once
         save(Tm * width * e, Tm * width * e, (), Tm * width * e)
     else:  # gpt2's gelu_new is written out in Python: x, tanh(...), 0.5*x and 1+tanh(...) are kept
+        # under autocast pow runs in fp32 (autocast's fp32 op list), so tanh(...), 1+tanh(...) and the product
+        # are fp32; the product is cast back to bf16 for c_proj
+        f = 4 if dt.autocast else e
         save(Tm * width * e, Tm * width * e)
+        save(Tm * width * f)
         save(Tm * width * e)
-        save(Tm * width * e)
-        save(Tm * width * e)
+        save(Tm * width * f)
+        if dt.autocast:
+            prog.transient("activations", Tm * width * 4)
     down = lins.get("down_proj") or lins.get("mlp.c_proj")
     if down is not None:
         lin = Linear(down.name, down.in_features, down.out_features, down.bias, 1)
