@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "gpuready.cli.doctor",
     "gpuready.cli.estimate",
     "gpuready.cli.models",
+    "gpuready.cli.plan",
     "gpuready.cli.storage",
     "gpuready.cli.trial",
 )
