@@ -9,10 +9,10 @@ from typing import Any
 import pynvml
 
 from gpuready.doctor.checks import DoctorFacts
-from gpuready.doctor.nvml import NvmlGpu, NvmlReport
 from gpuready.doctor.packages import InstalledDist, PackageScan, TorchBuild
 from gpuready.doctor.probe import ProbeDevice, ProbeResult
 from gpuready.doctor.system import LibraryDir, SystemInfo
+from gpuready.nvml import NvmlGpu, NvmlReport
 
 GIB = 1024**3
 

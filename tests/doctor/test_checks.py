@@ -135,7 +135,7 @@ def test_requirement_index_variant_differs(tmp_path: Path) -> None:
 
 
 def test_gpu_health_and_other_processes() -> None:
-    from gpuready.doctor.nvml import GpuProcess, RemappedRows
+    from gpuready.nvml import GpuProcess, RemappedRows
 
     sick = gpu(remapped_rows=RemappedRows(0, 1, True, False))
     sick = sick.__class__(**{**sick.__dict__, "processes": (GpuProcess(4242, 2 * 1024**3),)})
@@ -169,7 +169,7 @@ def test_the_doctors_own_probe_is_not_another_process_on_the_gpu() -> None:
     """Regression: on the H200 the probe's CUDA context (started alongside) was shown as a foreign process."""
     from dataclasses import replace
 
-    from gpuready.doctor.nvml import GpuProcess
+    from gpuready.nvml import GpuProcess
 
     busy = replace(gpu(), processes=(GpuProcess(1354, 5 * 1024**3),))
     checks, _ = evaluate(facts(nvml=nvml(gpus=(busy,)), own_pids=(1354,)), ProbeState(skipped="--fast"))

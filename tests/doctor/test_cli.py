@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuready.doctor.nvml import read_nvml
+from gpuready.nvml import read_nvml
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 

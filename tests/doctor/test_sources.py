@@ -10,11 +10,11 @@ import pynvml
 import pytest
 
 from gpuready.doctor import advise_image, diff_snapshots, doctor, load_snapshot, take_snapshot
-from gpuready.doctor.nvml import read_nvml
 from gpuready.doctor.packages import parse_torch_version_file
 from gpuready.doctor.probe import CommandResult, ProbeResult, RunningCommand, parse_probe
 from gpuready.doctor.requirements import read_requirements
 from gpuready.errors import InputError
+from gpuready.nvml import read_nvml
 from tests.doctor.fakes import GIB, FakeNvml, facts, probe_ok, scan, torch_build
 
 

@@ -6,9 +6,9 @@ import sys
 import time
 from pathlib import Path
 
+from gpuready.nvml import DeviceMemory
 from gpuready.trial.api import trial_command
 from gpuready.trial.backend import CommandBackend, classify_output, substitute_arg
-from gpuready.trial.nvml import DeviceMemory
 from gpuready.trial.sampler import Sampler
 
 OOM_SCRIPT = """

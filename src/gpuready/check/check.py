@@ -46,7 +46,7 @@ class CheckResult:
 
 def _gpu_memory_here() -> tuple[int | None, str | None]:
     """Total memory and name of the first GPU NVML reports (None where there is no driver or GPU)."""
-    from gpuready.doctor.nvml import read_nvml
+    from gpuready.nvml import read_nvml
 
     report = read_nvml()
     if not report.available or not report.gpus:

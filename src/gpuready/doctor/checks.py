@@ -10,7 +10,6 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from gpuready.doctor.advice import best_variant, driver_fit, install_command, newest_release_with
-from gpuready.doctor.nvml import BAD_THROTTLE_MASK, NvmlGpu, NvmlReport, throttle_names
 from gpuready.doctor.packages import PackageScan, TorchBuild
 from gpuready.doctor.probe import CommandResult, ProbeResult
 from gpuready.doctor.requirements import RequirementsFile, RequirementStatus, check_requirements
@@ -24,6 +23,7 @@ from gpuready.doctor.tables import (
     torch_release,
     wheels_for,
 )
+from gpuready.nvml import BAD_THROTTLE_MASK, NvmlGpu, NvmlReport, throttle_names
 from gpuready.units import GIB, format_bytes
 
 Status = Literal["pass", "warn", "fail"]

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from gpuready.doctor.checks import Check, DoctorFacts, ProbeState, evaluate
-from gpuready.doctor.nvml import NvmlReport, read_nvml
 from gpuready.doctor.packages import PackageScan, scan_packages
 from gpuready.doctor.probe import (
     DEFAULT_PROBE_TIMEOUT_SECONDS,
@@ -29,6 +28,7 @@ from gpuready.doctor.probe import (
 )
 from gpuready.doctor.requirements import RequirementsFile, find_requirements, read_requirements
 from gpuready.doctor.system import SystemInfo, read_system
+from gpuready.nvml import NvmlReport, read_nvml
 
 
 @dataclass(frozen=True)

@@ -101,7 +101,7 @@ def run_backend(
     fit: LinearFit | None
     if find_max:
         if capacity_bytes is None:
-            from gpuready.trial.nvml import Nvml
+            from gpuready.nvml import Nvml
 
             mem = Nvml().memory(0)
             capacity_bytes = mem.total_bytes if mem else None

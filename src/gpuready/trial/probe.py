@@ -298,7 +298,7 @@ def _record_memory(torch: Any, result: dict[str, Any], device: int) -> None:
     result["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
     result["peak_reserved_bytes"] = int(torch.cuda.max_memory_reserved())
     reserved_now = int(torch.cuda.memory_reserved())
-    from gpuready.trial.nvml import Nvml
+    from gpuready.nvml import Nvml
 
     nvml = Nvml()
     index = nvml.index_for_uuid(str(getattr(torch.cuda.get_device_properties(device), "uuid", "")))

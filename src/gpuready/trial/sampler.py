@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpuready.trial.nvml import Nvml, NvmlBackend
+from gpuready.nvml import Nvml, NvmlBackend
 
 DEFAULT_INTERVAL_SECONDS = 0.05  # 20 Hz; the issue asks for at least 10 Hz
 
