@@ -42,6 +42,7 @@ CONFIGS = {
 
 
 def jobs(folder: Path, quick: bool) -> list[tuple[str, dict[str, object]]]:
+    folder.mkdir(parents=True, exist_ok=True)
     out = []
     modes = ["train-full", "train-lora", "infer"]
     precisions = ["bf16"] if quick else ["bf16", "fp32", "mixed"]

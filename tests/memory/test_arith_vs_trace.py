@@ -3,6 +3,7 @@ allocated peak across architectures, methods and shapes: a CPU check of the arit
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ pytest.importorskip("peft")
 
 from benchmarks.arith_vs_trace import compare, jobs
 
-QUICK = jobs(Path(__file__).parent / "_tiny_configs", quick=True)
+QUICK = jobs(Path(tempfile.mkdtemp(prefix="gpuready-tiny-configs-")), quick=True)
 
 
 @pytest.mark.torch
