@@ -1,4 +1,4 @@
-"""The one place the doctor starts subprocesses: the torch probe, `pip check`, `nvcc --version`.
+"""How the doctor runs its subprocesses (the torch probe, `pip check`, `nvcc --version`), started by gpuready.process.
 
 Every command is an argv list with a timeout, run in its own session so a hung child (a driver stuck in CUDA
 init) is killed with its children; never `shell=True`. Results come back as data, never as exceptions.
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Protocol
+
+from gpuready.process import end_group, spawn
 
 PROBE_MARKER = "GPUREADY_PROBE "
 DEFAULT_PROBE_TIMEOUT_SECONDS = 60.0
@@ -32,13 +33,6 @@ class CommandResult:
     error: str | None = None  # could not start (not found, permission)
 
 
-def _kill_group(proc: subprocess.Popen[str]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        proc.kill()
-
-
 class RunningCommand:
     """A started command; `wait()` collects it within the time left of its timeout."""
 
@@ -49,16 +43,7 @@ class RunningCommand:
         self._result: CommandResult | None = None
         self._proc: subprocess.Popen[str] | None = None
         try:
-            self._proc = subprocess.Popen(
-                list(argv),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                errors="replace",
-                env=dict(env) if env is not None else None,
-                start_new_session=True,
-            )
+            self._proc = spawn(argv, text=True, env=env)
         except OSError as exc:
             self._result = CommandResult(self.argv, None, "", "", 0.0, error=f"{type(exc).__name__}: {exc}")
 
@@ -75,7 +60,7 @@ class RunningCommand:
             out, err = self._proc.communicate(timeout=left)
             timed_out = False
         except subprocess.TimeoutExpired:
-            _kill_group(self._proc)
+            end_group(self._proc, grace=0)
             out, err = self._proc.communicate()
             timed_out = True
         self._result = CommandResult(
@@ -91,7 +76,7 @@ class RunningCommand:
     def cancel(self) -> None:
         """Stop it now (its answer is no longer needed)."""
         if self._proc is not None and self._proc.poll() is None:
-            _kill_group(self._proc)
+            end_group(self._proc, grace=0)
             self._proc.communicate()
 
 

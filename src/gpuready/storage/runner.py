@@ -1,4 +1,4 @@
-"""The one place where the storage package starts other programs (rsync, rclone).
+"""How the storage package runs other programs (rsync, rclone); they are started by gpuready.process.
 
 Every call is an argv list (never a shell string) with a timeout. Tests inject a fake `Runner`.
 """
@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
+
+from gpuready.process import end_group, spawn
 
 LineCallback = Callable[[str], None]
 
@@ -36,7 +37,7 @@ class Runner(Protocol):
 
 
 class SubprocessRunner:
-    """The real runner: subprocess.Popen, stdout streamed line by line, killed at the timeout."""
+    """The real runner: started through gpuready.process, stdout streamed line by line, ended at the timeout."""
 
     def which(self, name: str) -> str | None:
         return shutil.which(name)
@@ -44,19 +45,14 @@ class SubprocessRunner:
     def run(self, argv: list[str], timeout: float, on_line: LineCallback | None = None) -> RunResult:
         start = time.monotonic()
         try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
+            proc = spawn(argv)
         except OSError as exc:
             return RunResult(tuple(argv), 127, "", f"{argv[0]}: {exc.strerror or exc}")
         timed_out = threading.Event()
 
         def _kill() -> None:
             timed_out.set()
-            proc.kill()
+            end_group(proc, grace=0)
 
         timer = threading.Timer(timeout, _kill)
         timer.start()

@@ -1,4 +1,4 @@
-"""The one module of gpuready's trial code that starts processes.
+"""How gpuready's trial code runs processes (started by gpuready.process).
 
 Argument lists only (never a shell), a wall-clock timeout, each child in its own process group so that a
 timeout or Ctrl-C ends the whole tree (a training script's data-loader workers, torchrun's ranks), and the
@@ -10,13 +10,14 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+from gpuready.process import end_group, spawn
 
 TAIL_LINES = 200
 KILL_GRACE_SECONDS = 5.0
@@ -34,20 +35,6 @@ class ProcessResult:
     timed_out: bool = False
     output_tail: list[str] = field(default_factory=list)
     pid: int | None = None
-
-
-def _end_group(proc: subprocess.Popen[bytes], grace: float = KILL_GRACE_SECONDS) -> None:
-    """SIGINT, then SIGTERM, then SIGKILL to the child's whole process group."""
-    for sig, wait in ((signal.SIGINT, grace / 2), (signal.SIGTERM, grace / 2), (signal.SIGKILL, grace)):
-        if proc.poll() is not None:
-            break
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=wait)
-    # leftovers of the group (grandchildren that outlived the leader)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def run(
@@ -68,15 +55,7 @@ def run(
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     started = time.perf_counter()
     try:
-        proc = subprocess.Popen(
-            args,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=full_env,
-            cwd=cwd,
-            start_new_session=True,  # own process group: signals reach the whole tree, not us
-        )
+        proc = spawn(args, merge_stderr=True, env=full_env, cwd=cwd)
     except OSError as exc:
         return ProcessResult(args, 127, 0.0, output_tail=[f"cannot start {args[0]!r}: {exc}"])
     if on_start is not None:
@@ -99,16 +78,14 @@ def run(
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
-            _end_group(proc)
+            end_group(proc)
     except KeyboardInterrupt:
-        _end_group(proc)
+        end_group(proc)
         reader.join(timeout=2)
         raise Interrupted() from None
     reader.join(timeout=5)
     if proc.returncode is not None and not timed_out:
-        # the leader exited; grandchildren left in its group would hold the GPU
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        end_group(proc, grace=0)  # the leader exited; grandchildren left in its group would hold the GPU
     return ProcessResult(
         args,
         None if timed_out else proc.returncode,
