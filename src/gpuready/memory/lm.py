@@ -148,6 +148,9 @@ def load_weights(prog: Program, ctx: Ctx) -> tuple[list[Trainable], int]:
 
 
 # ---------------------------------------------------------------------------------------------- one block
+NOTHING_KEPT = 0  # a backward node that keeps no tensor of its own (Program handle 0 is "nothing")
+
+
 @dataclass
 class Saved:
     handle: int
@@ -236,10 +239,9 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
             prog.transient("quantization_temporaries", lin.in_features * lin.out_features * e)
         if full and (dt.autocast or not shared):
             save(T * width * e, 0, w_grad)
-        elif full:
-            saved_grad_only = Saved(-1, 0, w_grad)
-            if keep:
-                saved.append(saved_grad_only)
+        elif full and keep:
+            # the shared input is already kept (once, by the norm): this node only makes the weight's gradient
+            saved.append(Saved(NOTHING_KEPT, 0, w_grad))
         if lin.name in ctx.lora:
             # peft's Linear.forward: x cast to the adapter's fp32 (kept by lora_A), lora_A's output (kept by
             # lora_B), then lora_B's output, its product with the scaling and the sum with the base output, all
@@ -533,7 +535,7 @@ def block_backward(prog: Program, saved: list[Saved], grads: list[int], accumula
         if node.transient:
             prog.transient("activations", node.transient)
         new = prog.alloc("activations", node.grad_bytes) if node.grad_bytes else None
-        if node.handle > 0:
+        if node.handle != NOTHING_KEPT:
             prog.free(node.handle)
         if new is not None:
             if current is not None:
