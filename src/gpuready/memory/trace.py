@@ -266,6 +266,11 @@ def _no_padding(
     return q_length == 1 or kv_length == q_length
 
 
+def _no_packing(position_ids: Any) -> None:
+    """transformers' `find_packed_sequence_indices` answered from the job's definition: nothing is packed."""
+    return None
+
+
 @contextmanager
 def _as_on_cuda(torch: Any, transformers: Any) -> Iterator[None]:
     """Swap in CUDA's attention kernels and mask decisions for the duration of the trace. A patch of the
@@ -275,6 +280,10 @@ def _as_on_cuda(torch: Any, transformers: Any) -> Iterator[None]:
     with (
         _patched(torch.nn.functional, "scaled_dot_product_attention", _cuda_sdpa(torch)),
         _patched(masking, "_ignore_causal_mask_sdpa", _no_padding),
+        # training passes position_ids without a mask: transformers looks for packed sequences by reading their
+        # values, which fake tensors cannot give, and would build an explicit mask (then SDPA repeats K/V and
+        # leaves flash). The job has one sequence per row, as on the GPU: no packing.
+        _patched(masking, "find_packed_sequence_indices", _no_packing),
     ):
         yield
 
