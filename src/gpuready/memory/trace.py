@@ -453,15 +453,18 @@ def _train(torch: Any, model: Any, w: Workload, trace: Trace, recorder: Any, vis
         ids = torch.empty((w.batch, w.seq), dtype=torch.long)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if w.precision == "mixed" else nullcontext()
     for step in range(TRAIN_STEPS):
-        trace.mark("forward", "activations")
-        with autocast:
-            if vision:
-                loss = torch.nn.functional.cross_entropy(model(x), y)
-            else:
-                loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-        trace.mark("backward", "activations")
-        loss.backward()
-        del loss
+        # gradient accumulation: from the second micro-batch on, the first one's gradients are alive; two
+        # micro-batches show every state the later ones repeat
+        for _micro in range(min(w.grad_accum, 2)):
+            trace.mark("forward", "activations")
+            with autocast:
+                if vision:
+                    loss = torch.nn.functional.cross_entropy(model(x), y)
+                else:
+                    loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            trace.mark("backward", "activations")
+            loss.backward()
+            del loss
         for p in trainable:
             if p.grad is not None and (gid := recorder.id_of(p.grad)) is not None:
                 trace.relabel(gid, "gradients")
