@@ -224,7 +224,7 @@ def history_cmd(
     kind: Annotated[str | None, typer.Option(help="probe or command")] = None,
     status: Annotated[str | None, typer.Option(help="ok, done, interrupted")] = None,
     gpu: Annotated[str | None, typer.Option(help="GPU name contains this text")] = None,
-    limit: Annotated[int, typer.Option(help="newest N runs")] = 20,
+    limit: Annotated[int, typer.Option(help="newest N runs", min=1)] = 20,
     db: DbOpt = None,
     json_out: JsonOpt = False,
 ) -> int:
