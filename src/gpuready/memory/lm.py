@@ -156,7 +156,7 @@ class Saved:
     handle: int
     grad_bytes: int  # the gradient backward produces at this node (activation-sized)
     param_grads: tuple[int, ...] = ()  # weight gradients allocated at this node
-    transient: int = 0  # scratch this node's backward allocates and frees
+    transient: tuple[int, ...] = ()  # scratch tensors this node's backward allocates together and frees
 
 
 def _mlp_width(spec: ModelSpec, layer: int) -> tuple[int, int]:
@@ -176,7 +176,7 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
     saved: list[Saved] = []
     temps: list[int] = []
 
-    def save(nbytes: int, grad: int = 0, pgrads: tuple[int, ...] = (), transient: int = 0) -> None:
+    def save(nbytes: int, grad: int = 0, pgrads: tuple[int, ...] = (), transient: tuple[int, ...] = ()) -> None:
         handle = prog.alloc("activations", nbytes)
         if keep:
             saved.append(Saved(handle, grad, pgrads, transient))
@@ -201,7 +201,7 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
         if spec.norm == "layer":
             save(T * h * r, T * h * e)
         else:
-            save(T * h * 4, T * h * e, (), 3 * T * h * 4)
+            save(T * h * 4, T * h * e, (), (T * h * 4,) * 3)
             drop(tmp(T * h * 4))  # x ** 2
             y32 = tmp(T * h * 4)
             if full:
@@ -247,7 +247,7 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
             # lora_B), then lora_B's output, its product with the scaling and the sum with the base output, all
             # in fp32 before the result is cast back; backward makes fp32 gradients of the same sizes
             out = T * lin.out_features * 4
-            save(T * width * (2 if dt.autocast else 4), 0, (), out + T * width * 4)
+            save(T * width * (2 if dt.autocast else 4), 0, (), (out, T * width * 4))
             save(T * ctx.w.lora_r * 4, 0, ())
             prog.transient("activations", out, out)
 
@@ -343,7 +343,7 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
         save(Tm * width * e, Tm * width * e)  # gate output, kept by the activation
         save(Tm * width * e, Tm * width * e)  # up output, kept by the product
         # activation output, kept by the product, whose backward makes both operands' gradients at once
-        save(Tm * width * e, Tm * width * e, (), Tm * width * e)
+        save(Tm * width * e, Tm * width * e, (), (Tm * width * e,))
     else:  # gpt2's gelu_new is written out in Python: x, tanh(...), 0.5*x and 1+tanh(...) are kept
         # under autocast pow runs in fp32 (autocast's fp32 op list), so tanh(...), 1+tanh(...) and the product
         # are fp32; the product is cast back to bf16 for c_proj
@@ -533,7 +533,7 @@ def block_backward(prog: Program, saved: list[Saved], grads: list[int], accumula
             else:
                 grads.append(handle)
         if node.transient:
-            prog.transient("activations", node.transient)
+            prog.transient("activations", *node.transient)
         new = prog.alloc("activations", node.grad_bytes) if node.grad_bytes else None
         if node.handle != NOTHING_KEPT:
             prog.free(node.handle)
