@@ -70,14 +70,16 @@ def _key(text: str) -> str:
 
 
 def find_gpu(name: str) -> Gpu:
-    """Find a GPU by name, forgiving case and punctuation: 'h100', 'A100-80GB', 'rtx4090'."""
+    """Find a GPU by name, forgiving case, punctuation and word order: 'h100', 'A100-40GB', 'rtx4090', '80gb a100'.
+    Every word of the query must appear in the name; the catalog's order decides between several (SXM first)."""
     want = _key(name)
     gpus = load_gpus()
     exact = [g for g in gpus if _key(g.name) == want]
     if exact:
         return exact[0]
-    partial = [g for g in gpus if want and want in _key(g.name)]
-    if len(partial) >= 1:
+    words = [_key(w) for w in re.findall(r"[A-Za-z0-9]+", name)]
+    partial = [g for g in gpus if words and all(w in _key(g.name) for w in words)]
+    if partial:
         return partial[0]
     names = ", ".join(g.name for g in gpus)
     raise InputError("--gpu", f"unknown GPU {name!r}; known: {names}")
