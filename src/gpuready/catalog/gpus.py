@@ -26,11 +26,6 @@ class Gpu:
     source_url: str
 
     @property
-    def memory_bytes(self) -> int:
-        """Memory as the marketing figure says (GB = 10^9 bytes)."""
-        return int(self.memory_gb * 1000**3)
-
-    @property
     def usable_bytes(self) -> int:
         """Memory the driver reports as total. Vendors' "GB" on GPUs are GiB less what ECC and firmware hold:
         the H200's "141 GB" reads 143,771 MiB in NVML (../shared/calibration/README.md), 0.9958 of 141 GiB.

@@ -15,7 +15,6 @@ from gpuready.doctor.tables import (
     covers,
     driver_version_key,
     mvc_min_driver,
-    torch_release,
     wheel_table,
     wheels_for,
 )
@@ -124,7 +123,3 @@ def install_command(row: WheelRow, version: str | None) -> str:
         major, minor = row.torch.split(".")
         spec = f"torch>={major}.{minor},<{major}.{int(minor) + 1}"
     return f"python -m pip install '{spec}' --index-url {row.index_url}"
-
-
-def release_of(version: str | None) -> str | None:
-    return torch_release(version) if version else None

@@ -61,12 +61,6 @@ class TorchBuild:
             return label
         return "cpu" if self.version_file_read else "unknown"
 
-    @property
-    def is_gpu_build(self) -> bool | None:
-        if self.cuda or self.hip:
-            return True
-        return False if self.version_file_read else None
-
 
 @dataclass(frozen=True)
 class PackageScan:

@@ -394,7 +394,7 @@ def block_nograd(
     out_w = spec.heads * (spec.v_head_dim or spec.head_dim)
     width, fan = _mlp_width(spec, layer)
 
-    def norm(x_in: int) -> int:
+    def norm() -> int:
         # LlamaRMSNorm as it runs: x.to(fp32) (a copy unless already fp32), pow(2), mean, + eps, rsqrt,
         # x * rsqrt, .to(dtype), weight * y (the order of allocations and frees follows a traced run)
         x32 = prog.alloc("activations", T * h * 4) if r == 2 else 0
@@ -429,7 +429,7 @@ def block_nograd(
 
     if spec.model_type == "gpt2":
         return _gpt2_block_nograd(prog, ctx, x, cache_kv, keep_input)
-    normed = norm(x)
+    normed = norm()
     q = prog.alloc("activations", T * q_w * e)
     k = prog.alloc("activations", T * k_w * e)
     v = prog.alloc("activations", T * v_w * e)
@@ -453,7 +453,7 @@ def block_nograd(
     prog.free(normed)
     x2 = prog.alloc("activations", T * h * r)
     prog.free(o)
-    normed = norm(x2)
+    normed = norm()
     Tm = T * fan
     gate = prog.alloc("activations", Tm * width * e)
     act = prog.alloc("activations", Tm * width * e)
