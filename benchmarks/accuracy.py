@@ -12,11 +12,13 @@ import sys
 import time
 from pathlib import Path
 
-from gpuready.errors import GpureadyError
-from gpuready.memory import estimate
-from gpuready.workload import workload_from_args
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))  # runnable from a checkout without installing the package
+
+from gpuready.errors import GpureadyError  # noqa: E402
+from gpuready.memory import estimate  # noqa: E402
+from gpuready.workload import workload_from_args  # noqa: E402
+
 DEFAULT_FILES = [
     ROOT.parent / "shared" / "calibration" / "h200.jsonl",
     *sorted((ROOT / "docs" / "calibration").glob("*.jsonl")),

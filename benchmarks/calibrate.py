@@ -21,10 +21,6 @@ from gpuready.trial.backend import ProbeBackend
 from gpuready.workload import Workload, workload_from_args
 
 
-def parse_job(args: str) -> Workload:
-    return workload_from_args(args)
-
-
 def job_id(w: Workload) -> str:
     if w.task == "infer":
         prefix = "inf_gen" if w.new_tokens else "inf_prefill"
@@ -61,7 +57,7 @@ def main() -> int:
             if args.startswith("id="):
                 given_id, _, args = args.partition(" ")
                 given_id = given_id.removeprefix("id=")
-            workload = parse_job(args)
+            workload = workload_from_args(args)
             t0 = time.perf_counter()
             point = ProbeBackend(workload, timeout=opts.timeout).run_point({})
             row: dict[str, Any] = {

@@ -34,17 +34,11 @@ class JobSizes:
 
 
 def lora_trainable_params(workload: Workload) -> int:
+    """The adapter's parameters: the estimator's count (its LoRA targets, as peft matches them)."""
+    from gpuready.memory.estimate import trainable_params
     from gpuready.models import resolve_model
 
-    spec = resolve_model(workload.model)
-    targets = set(workload.lora_targets or ())
-    total = 0
-    for lin in spec.block_linears:
-        short = lin.name.split(".")[-1]
-        if targets and lin.name not in targets and short not in targets:
-            continue
-        total += workload.lora_r * (lin.in_features + lin.out_features) * lin.count
-    return total * spec.layers
+    return trainable_params(resolve_model(workload.model), workload)
 
 
 def job_sizes(workload: Workload) -> JobSizes:
