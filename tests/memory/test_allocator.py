@@ -8,7 +8,6 @@ from gpuready.memory.allocator import (
     MIB,
     AllocatorOutOfMemory,
     CachingAllocator,
-    live_at,
     replay,
     round_size,
     segment_size,
@@ -173,8 +172,6 @@ def test_replay_events_and_peaks() -> None:
     assert stats.reserved_bytes == 20 * MIB
     assert stats.segments == 1
     assert stats.oom_event is None
-    assert live_at(events, 1) == {1, 2}
-    assert live_at(events, 3) == {2, 3}
 
 
 def test_replay_reports_oom() -> None:
@@ -186,3 +183,16 @@ def test_replay_reports_oom() -> None:
 def test_double_free_is_an_error() -> None:
     with pytest.raises(ValueError):
         replay([1024, -1, -1])
+
+
+def test_large_segments_are_placed_below_earlier_ones_and_ties_go_to_the_lowest_address() -> None:
+    # the CUDA driver hands large segments out at falling addresses (recorded H200 histories): of two equal cached
+    # blocks the allocator, which prefers the lowest address, reuses the one from the newer segment
+    alloc = CachingAllocator()
+    first, second = alloc.malloc(40 * MIB), alloc.malloc(40 * MIB)
+    assert second.addr < first.addr
+    alloc.free(first)
+    alloc.free(second)
+    assert alloc.malloc(40 * MIB).addr == second.addr
+    small_a, small_b = alloc.malloc(2 * 1024), alloc.malloc(1 * MIB)
+    assert small_a.addr < small_b.addr  # the second small request needs a second 2 MiB segment, placed above

@@ -10,7 +10,7 @@ import pytest
 
 from gpuready.memory import estimate, largest_batch
 from gpuready.memory.dtypes import dtypes_for
-from gpuready.memory.lm import attention_backend, lora_targets
+from gpuready.memory.lm import STEPS, attention_backend, lora_targets
 from gpuready.models import resolve_model
 from gpuready.workload import make_workload, workload_from_args
 
@@ -195,31 +195,65 @@ def test_a_job_that_does_not_fit_gets_mitigations_that_were_estimated() -> None:
     assert fitting and all(m["peak_device_bytes"] <= 24 * GIB for m in fitting)
 
 
-@pytest.mark.skipif(not CALIBRATION.is_file(), reason="../shared/calibration is not beside this checkout")
+OWN_ROWS = sorted((Path(__file__).resolve().parents[2] / "docs" / "calibration").glob("h200_*.jsonl"))
+
+
 def test_calibration_rows_stay_within_the_issue_targets() -> None:
-    """Regression guard: the measured H200 rows (single GPU) must keep median |error| of peak reserved <= 5%
-    and no underestimate worse than -10%."""
+    """Regression guard: the measured H200 rows (the shared set when it is beside this checkout, and the rows this
+    project measured, kept in docs/calibration) keep the issue's targets on peak reserved: median |error| <= 5%,
+    90th percentile <= 12%, no underestimate worse than -10% (2-GPU rows included)."""
+    files = [*([CALIBRATION] if CALIBRATION.is_file() else []), *OWN_ROWS]
     errors = []
-    for line in CALIBRATION.read_text(encoding="utf-8").splitlines():
-        row = json.loads(line)
-        w = workload_from_args(row["args"])
-        if w.gpus > 1:
-            continue
-        pred = estimate(w).peak_reserved_bytes
-        errors.append((pred - row["peak_reserved_bytes"]) / row["peak_reserved_bytes"])
-    assert len(errors) >= 15
-    assert statistics.median(abs(e) for e in errors) <= 0.05
-    assert min(errors) >= -0.15  # resnet50's reserve is the known weak spot; see docs/accuracy.md
+    for path in files:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            row = json.loads(line)
+            if not row.get("peak_reserved_bytes"):
+                continue
+            pred = estimate(workload_from_args(row["args"])).peak_reserved_bytes
+            errors.append((pred - row["peak_reserved_bytes"]) / row["peak_reserved_bytes"])
+    assert len(errors) >= 40
+    magnitudes = sorted(abs(e) for e in errors)
+    assert statistics.median(magnitudes) <= 0.05
+    assert magnitudes[int(0.9 * (len(magnitudes) - 1))] <= 0.12
+    assert min(errors) >= -0.10
 
 
-def test_fsdp_shards_parameters_gradients_and_optimizer_states() -> None:
-    one = est(model="llama-3.1-8b", batch=1, seq=512)
-    two = est(model="llama-3.1-8b", batch=1, seq=512, gpus=2, shard="fsdp")
-    assert two.phase == one.phase == "optimizer step"
-    assert two.breakdown["optimizer_states"] == pytest.approx(one.breakdown["optimizer_states"] / 2, rel=1e-3)
-    assert two.breakdown["weights"] == pytest.approx(one.breakdown["weights"] / 2, rel=1e-3)
-    four = est(model="llama-3.1-8b", batch=1, seq=512, gpus=4, shard="fsdp")
-    assert four.peak_allocated_bytes < two.peak_allocated_bytes
+def test_fsdp_models_the_unsharded_build_and_three_streams() -> None:
+    from gpuready.memory.lm import train_program
+    from gpuready.models import resolve_model
+    from gpuready.workload import make_workload
+
+    spec = resolve_model("llama-3.1-8b")
+    w = make_workload(model="llama-3.1-8b", batch=1, seq=2048, grad_ckpt=True, gpus=2, shard="fsdp")
+    prog = train_program(spec, w)
+    streams = prog.split_streams()
+    assert len(streams) == 3  # compute, all-gather, reduce-scatter
+    # all-gather buffers are one flat tensor per unit: the largest is the root (embeddings + lm_head)
+    assert max(e for e in streams[1] if e > 0) >= 2 * spec.vocab * spec.hidden * 2
+    # the reduce-scatter stream holds this GPU's gradient shards, about half the bf16 parameters
+    assert sum(e for e in streams[2] if e > 0) >= STEPS * spec.params * 2 // 2
+    # the whole model was built on the GPU before sharding: its blocks stay cached in the reserve
+    est_ = estimate(w)
+    assert est_.peak_reserved_bytes >= spec.params * 2 + est_.breakdown["optimizer_states"]
+
+
+def test_ddp_rebuilds_its_buckets_in_gradient_order() -> None:
+    from collections import Counter
+
+    from gpuready.memory.lm import ddp_bucket_sizes, load_weights, make_ctx
+    from gpuready.memory.program import Program
+    from gpuready.models import resolve_model
+    from gpuready.workload import make_workload
+
+    spec = resolve_model("llama-3.2-1b")
+    w = make_workload(model="llama-3.2-1b", batch=4, seq=2048, gpus=2, shard="ddp")
+    weights = load_weights(Program(), make_ctx(spec, w))
+    sizes = Counter(ddp_bucket_sizes([t.nbytes for t in reversed(weights.trainable)]))
+    # the recorded H200 history (docs/calibration/histories/ddp_llama1b.json.rank0.gz) rebuilt 32 buckets of
+    # 32 MiB, 15 of 52 MiB (attention + the next layer's down_proj) and one of 521 MiB (the embedding)
+    assert sizes[32 * 2**20] == 32
+    assert sizes[54_534_144] == 15
+    assert max(sizes) == pytest.approx(546_316_288, rel=1e-4)
 
 
 def test_ddp_adds_gradient_buckets_to_a_full_replica() -> None:

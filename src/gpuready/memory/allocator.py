@@ -23,7 +23,7 @@ threshold, `expandable_segments:False`) and ../shared/calibration/NOTES.md:
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 KIB = 1024
@@ -140,7 +140,12 @@ class CachingAllocator:
         self.releases = 0
         self._small = _Pool()
         self._large = _Pool()
-        self._next_addr = 0
+        # segment addresses only decide ties between equal-sized cached blocks (lowest address first); the CUDA
+        # driver hands small-pool segments out at rising addresses and large ones mostly at falling addresses
+        # (13 recorded H200 traces: 80-95% of consecutive small segments rise, 60-95% of large ones fall), and with
+        # that placement the replay of the recorded requests reproduces every trace's reserve exactly
+        self._next_small_addr = 1 << 48
+        self._next_large_addr = 1 << 48
         self._segment_heads: dict[int, Block] = {}  # segment start address -> first block
 
     # -- the two calls ---------------------------------------------------------------------------------
@@ -201,9 +206,13 @@ class CachingAllocator:
             self.releases += 1
             if self.reserved + seg > cap:
                 raise AllocatorOutOfMemory(size, self.allocated, self.reserved, cap)
-        block = Block(self._next_addr, seg, small)
         # leave a gap so that segments are never adjacent (blocks only merge within their segment)
-        self._next_addr += seg + ROUND_LARGE
+        if small:
+            block = Block(self._next_small_addr, seg, small)
+            self._next_small_addr += seg + ROUND_LARGE
+        else:
+            self._next_large_addr -= seg + ROUND_LARGE
+            block = Block(self._next_large_addr, seg, small)
         self._segment_heads[block.addr] = block
         self.segments += 1
         self.reserved += seg
@@ -263,16 +272,3 @@ def replay(events: Iterable[int], capacity_bytes: int | None = None) -> Allocato
         releases=alloc.releases,
         oom_event=oom,
     )
-
-
-def live_at(events: Sequence[int], index: int) -> set[int]:
-    """The allocation ids live right after event `index` (for a breakdown at the peak)."""
-    live: set[int] = set()
-    next_id = 1
-    for ev in events[: index + 1]:
-        if ev > 0:
-            live.add(next_id)
-            next_id += 1
-        elif ev < 0:
-            live.discard(-ev)
-    return live

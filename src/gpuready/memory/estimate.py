@@ -44,11 +44,11 @@ class _Run:
 
 def _run(spec: ModelSpec, w: Workload) -> _Run:
     prog = _program(spec, w)
-    if prog.side_stream:
-        # the caching allocator keeps blocks per CUDA stream: FSDP2's all-gather outputs live on their own
-        # stream, so their cache cannot serve the compute stream (and the reverse); replay each pool apart
-        main, side = prog.split_streams()
-        reserved = replay(main).peak_reserved_bytes + replay(side).peak_reserved_bytes
+    if prog.streams:
+        # the caching allocator keeps blocks per CUDA stream: FSDP2's all-gather and reduce-scatter buffers live on
+        # their own streams, so their cache cannot serve the compute stream (and the reverse); replay each apart.
+        # Nothing is released on an unlimited device, so the sum of the final reserves is the peak.
+        reserved = sum(replay(events).peak_reserved_bytes for events in prog.split_streams())
     else:
         reserved = replay(prog.events).peak_reserved_bytes
     reserved = max(reserved, prog.peak_allocated + prog.cached_outside_bytes)

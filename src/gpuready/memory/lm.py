@@ -91,17 +91,33 @@ def _linear_weight_bytes(ctx: Ctx, lin: Linear) -> int:
     return n * ctx.dt.param
 
 
-def load_weights(prog: Program, ctx: Ctx) -> tuple[list[Trainable], int]:
-    """Allocate every parameter as from_config builds it on the GPU; returns the trainable tensors and the
-    bytes of linear weights that autocast will cast to bf16 each step."""
+@dataclass
+class Weights:
+    trainable: list[Trainable]  # per GPU (FSDP: the shards)
+    cast_bytes: int  # bytes of linear weights that autocast casts to bf16 each step
+    # FSDP units, each a list of its parameters' full sizes in bytes: one per decoder layer, then the root
+    # (embeddings, final norm, lm_head)
+    units: list[list[int]]
+
+
+def load_weights(prog: Program, ctx: Ctx) -> Weights:
+    """Allocate every parameter as from_config builds it on the GPU. Under FSDP the whole model is built on
+    each GPU first (as the calibration runs and the trial's probe do) and then sharded unit by unit:
+    fully_shard(layer) for every layer, then fully_shard(model) (the recorded H200 history of
+    fsdp2_llama8b: each unit's shards are allocated, then its full parameters freed; their blocks stay cached)."""
     spec, p = ctx.spec, ctx.dt.param
     trainable: list[Trainable] = []
     h = spec.hidden
+    n = ctx.shards
+    units: list[list[int]] = [[] for _ in range(spec.layers + 1)]
+    handles: list[list[int]] = [[] for _ in range(spec.layers + 1)]
+    unit = spec.layers  # the root until the first layer
 
     def param(nbytes: int, numel: int, trains: bool, cat: str = "weights") -> None:
-        n = ctx.shards  # FSDP keeps 1/n of every parameter (a DTensor shard) on each GPU
-        prog.alloc(cat, -(-nbytes // n))
+        handles[unit].append(prog.alloc(cat, nbytes))
+        units[unit].append(nbytes)
         if trains:
+            # FSDP keeps 1/n of every parameter (a DTensor shard) on each GPU
             trainable.append(Trainable(-(-numel // n), p if cat == "weights" else 4))
 
     param(spec.vocab * h * p, spec.vocab * h, ctx.full)
@@ -110,6 +126,7 @@ def load_weights(prog: Program, ctx: Ctx) -> tuple[list[Trainable], int]:
     norm_numel = h * (2 if spec.norm == "layer" else 1)
     cast_bytes = 0
     for layer in range(spec.layers):
+        unit = layer
         dense = layer < spec.dense_layers
         for lin in spec.block_linears:
             if dense and lin.count > 1:
@@ -141,10 +158,16 @@ def load_weights(prog: Program, ctx: Ctx) -> tuple[list[Trainable], int]:
             param(2 * spec.head_dim * p, 2 * spec.head_dim, ctx.full)
         if spec.mla:
             param(spec.kv_lora_rank * p, spec.kv_lora_rank, ctx.full)
+    unit = spec.layers
     param(norm_numel * p, norm_numel, ctx.full)
     if not spec.tied:
         param(spec.vocab * h * p, spec.vocab * h, ctx.full)
-    return trainable, cast_bytes
+    if n > 1:
+        for sizes, full in zip(units, handles, strict=True):
+            for nbytes in sizes:
+                prog.alloc("weights", -(-nbytes // n))
+            prog.free_all(full)
+    return Weights(trainable, cast_bytes, units)
 
 
 # ---------------------------------------------------------------------------------------------- one block
@@ -517,7 +540,7 @@ def _gpt2_block_nograd(prog: Program, ctx: Ctx, x: int, cache_kv: bool, keep_inp
     return x3, kept
 
 
-def block_backward(prog: Program, saved: list[Saved], grads: list[int], accumulate: bool, shards: int = 1) -> None:
+def block_backward(prog: Program, saved: list[Saved], grads: list[int], accumulate: bool) -> None:
     """Walk one layer's saved tensors in reverse: each node allocates its input gradient, then frees what it
     kept and the gradient it consumed; weight gradients appear at their linear (with gradient accumulation
     after the first micro-batch the new gradient is added into .grad and freed)."""
@@ -525,9 +548,6 @@ def block_backward(prog: Program, saved: list[Saved], grads: list[int], accumula
     for node in reversed(saved):
         for g in node.param_grads:
             handle = prog.alloc("gradients", g)
-            if shards > 1:  # FSDP reduce-scatters the full gradient into this GPU's shard
-                full, handle = handle, prog.alloc("gradients", -(-g // shards))
-                prog.free(full)
             if accumulate:
                 prog.free(handle)
             else:
@@ -583,44 +603,112 @@ def logits_and_loss_backward(prog: Program, ctx: Ctx, kept: list[int]) -> int:
     return g3
 
 
+class _Fsdp:
+    """FSDP2 (fully_shard on every decoder layer, then on the model) as the recorded H200 history of
+    fsdp2_llama8b shows it, per unit (a layer, or the root: embeddings, final norm, lm_head):
+
+    - all-gather: a flat buffer of the unit's full size on the all-gather stream, copied out into one full tensor
+      per parameter on the compute stream; the flat buffer goes after the next unit's copy-out;
+    - forward: every layer is resharded (its full tensors freed) after its forward; the root stays gathered until
+      the end of backward; backward prefetches the next layer's all-gather before it computes;
+    - reduce-scatter: the unit's full gradients are copied into a flat buffer on the compute stream and freed;
+      the output (this GPU's shard of the gradient) is allocated on the reduce-scatter stream and kept until the
+      optimizer's zero_grad; the flat input goes when the next reduce-scatter starts.
+    """
+
+    GATHER_STREAM = 1
+    REDUCE_STREAM = 2
+
+    def __init__(self, prog: Program, units: list[list[int]], shards: int) -> None:
+        self.prog = prog
+        self.units = units
+        self.n = shards
+        self.root = len(units) - 1
+        self.flats: list[int] = []  # all-gather buffers not yet freed, oldest first
+        self.outputs: dict[int, list[int]] = {}
+        self.pending = 0  # the last reduce-scatter's input
+
+    def gather(self, unit: int) -> None:
+        self.flats.append(self.prog.alloc("fsdp_all_gather_buffers", sum(self.units[unit])))
+        self.outputs[unit] = [self.prog.alloc("fsdp_gathered_params", b) for b in self.units[unit]]
+        while len(self.flats) > 1:
+            self.prog.free(self.flats.pop(0))
+
+    def prefetch(self, unit: int) -> None:
+        """Backward's all-gather issued one layer ahead: the flat buffer now, the copy-out when it is used."""
+        self.flats.append(self.prog.alloc("fsdp_all_gather_buffers", sum(self.units[unit])))
+
+    def copy_out(self, unit: int) -> None:
+        self.outputs[unit] = [self.prog.alloc("fsdp_gathered_params", b) for b in self.units[unit]]
+        self.prog.free(self.flats.pop(0))
+
+    def reshard(self, unit: int) -> None:
+        self.prog.free_all(self.outputs.pop(unit, []))
+
+    def reduce_scatter(self, nbytes: int, full_grads: list[int], accumulate: bool) -> int:
+        """Returns the handle of this GPU's gradient shard (0 when it was added into an existing one)."""
+        if not nbytes:
+            return 0
+        if self.pending:
+            self.prog.free(self.pending)
+        self.pending = self.prog.alloc("fsdp_reduce_scatter_buffers", nbytes)
+        self.prog.free_all(full_grads)
+        shard = self.prog.alloc("sharded_gradients", -(-nbytes // self.n))
+        if accumulate:
+            self.prog.free(shard)
+            return 0
+        return shard
+
+    def finish(self) -> None:
+        self.prog.free_all(self.flats)
+        self.flats = []
+        if self.pending:
+            self.prog.free(self.pending)
+            self.pending = 0
+
+
 def train_program(spec: ModelSpec, w: Workload) -> Program:
     """STEPS optimizer steps (states appear in the first), each of grad_accum micro-batches (at most two are
     simulated: the second already has the first's gradients alive)."""
     ctx = make_ctx(spec, w)
-    prog = Program(side_stream=frozenset({"fsdp_gathered_params"}) if ctx.shards > 1 else frozenset())
-    trainable, cast_bytes = load_weights(prog, ctx)
+    streams = {"fsdp_all_gather_buffers": _Fsdp.GATHER_STREAM, "sharded_gradients": _Fsdp.REDUCE_STREAM}
+    prog = Program(streams=streams if ctx.shards > 1 else {})
+    weights = load_weights(prog, ctx)
+    trainable, cast_bytes = weights.trainable, weights.cast_bytes
     h, T, e, r = spec.hidden, ctx.tokens, ctx.dt.act, ctx.dt.resid
-    fsdp = ctx.shards > 1
-    layer_bytes = (cast_bytes // 2 // max(spec.layers, 1)) * ctx.dt.param + spec.norms_per_layer * h * ctx.dt.param
-    root_bytes = spec.vocab * h * ctx.dt.param * (1 if spec.tied else 2) + h * ctx.dt.param
+    fsdp = _Fsdp(prog, weights.units, ctx.shards) if ctx.shards > 1 else None
+    root = spec.layers  # the root's FSDP unit
+    ddp_initial = 0
     if w.shard == "ddp" and trainable:
         # DistributedDataParallel's gradient buckets (gradient_as_bucket_view=False): a second copy of every
-        # gradient, allocated when the model is wrapped (torch/nn/parallel/distributed.py, Reducer)
-        prog.alloc("ddp_gradient_buckets", sum(t.nbytes for t in trainable))
+        # gradient, one flat tensor allocated when the model is wrapped (torch/nn/parallel/distributed.py, Reducer;
+        # the recorded H200 history of ddp_llama1b shows it as one 2.30 GiB block)
+        ddp_initial = prog.alloc("ddp_gradient_buckets", sum(t.nbytes for t in trainable))
     # one cuBLAS workspace for the forward's handle and one for the autograd thread's (backward)
     prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
     prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
     state: list[int] | None = None
-    for _step in range(STEPS):
+    for step in range(STEPS):
         grads: list[int] = []
+        if step == 1 and ddp_initial:
+            # the second iteration's forward rebuilds the buckets in the order gradients became ready
+            # (Reducer._rebuild_buckets in DDP._pre_forward) before the old ones go; on rank 0 the old flat buffer
+            # stayed alive into that iteration's backward (recorded history), so the worst rank holds both
+            for nbytes in ddp_bucket_sizes([t.nbytes for t in reversed(trainable)]):
+                prog.alloc("ddp_gradient_buckets", nbytes)
         for micro in range(min(w.grad_accum, 2)):
             accumulate = micro > 0
             prog.set_phase("forward")
             # autocast caches a bf16 copy of each weight for the duration of the autocast region
             casts = prog.alloc("autocast_weight_copies", cast_bytes) if ctx.dt.autocast else 0
-            # FSDP2: the root (embeddings, final norm, lm_head) stays gathered from forward to backward; each
-            # layer is all-gathered for its forward (the next one prefetched) and resharded after it
-            root = prog.alloc("fsdp_gathered_params", root_bytes) if fsdp else 0
-            gathered = [prog.alloc("fsdp_gathered_params", layer_bytes)] if fsdp else []
+            if fsdp:
+                fsdp.gather(root)
             x = prog.alloc("activations", T * h * r)  # embedding output, the residual stream
             per_layer: list[list[Saved]] = []
             ckpt_inputs: list[int] = []
             for layer in range(spec.layers):
                 if fsdp:
-                    if layer + 1 < spec.layers:
-                        gathered.append(prog.alloc("fsdp_gathered_params", layer_bytes))
-                    if layer > 0:
-                        prog.free(gathered.pop(0))
+                    fsdp.gather(layer)
                 if w.grad_ckpt:
                     # non-reentrant checkpointing keeps each layer's input and recomputes the rest in backward
                     ckpt_inputs.append(x)
@@ -628,55 +716,77 @@ def train_program(spec: ModelSpec, w: Workload) -> Program:
                     per_layer.append([])
                 else:
                     per_layer.append(block_forward(prog, ctx, layer, keep=True))
+                if fsdp:
+                    fsdp.reshard(layer)
             final = [prog.alloc("activations", T * h * 4)]  # final norm keeps its fp32 input
             if ctx.full:
                 final.append(prog.alloc("activations", T * h * e))  # lm_head keeps its input
             kept = logits_and_loss_forward(prog, ctx)
             prog.set_phase("backward")
             g = logits_and_loss_backward(prog, ctx, kept)
+            if step == 1 and micro == 0 and ddp_initial:
+                prog.free(ddp_initial)
+            root_grads: list[int] = []
             if ctx.full:
                 lm_head = prog.alloc("gradients", spec.vocab * h * ctx.dt.param)
                 if fsdp:
-                    full_grad, lm_head = lm_head, prog.alloc("gradients", spec.vocab * h * ctx.dt.param // ctx.shards)
-                    prog.free(full_grad)
-                if accumulate:
+                    root_grads.append(lm_head)
+                elif accumulate:
                     prog.free(lm_head)
                 else:
                     grads.append(lm_head)
+            if fsdp:
+                fsdp.finish()  # the last layer's all-gather buffer
+                fsdp.prefetch(spec.layers - 1)
             dx = prog.alloc("activations", T * h * e)
             prog.free(g)
             prog.free_all(final)
             prog.free(x)
-            prog.free_all(gathered)
-            gathered = [prog.alloc("fsdp_gathered_params", layer_bytes)] if fsdp else []
             for layer in reversed(range(spec.layers)):
                 if fsdp:
+                    fsdp.copy_out(layer)
                     if layer > 0:
-                        gathered.append(prog.alloc("fsdp_gathered_params", layer_bytes))
-                    if layer < spec.layers - 1:
-                        prog.free(gathered.pop(0))
+                        fsdp.prefetch(layer - 1)
                 saved = per_layer[layer]
                 if w.grad_ckpt:
                     saved = block_forward(prog, ctx, layer, keep=True)  # recomputed for its backward
-                block_backward(prog, saved, grads, accumulate, ctx.shards)
+                if fsdp:
+                    full: list[int] = []
+                    block_backward(prog, saved, full, False)
+                    if w.grad_ckpt:
+                        prog.free(ckpt_inputs[layer])
+                    fsdp.reshard(layer)
+                    nbytes = sum(weights.units[layer]) if ctx.full else _sum_sizes(prog, full)
+                    shard = fsdp.reduce_scatter(nbytes, full, accumulate)
+                    if shard:
+                        grads.append(shard)
+                    continue
+                block_backward(prog, saved, grads, accumulate)
                 if w.grad_ckpt:
                     prog.free(ckpt_inputs[layer])
             prog.free(dx)
-            prog.free_all(gathered)
-            prog.free(root)
             if ctx.full:
                 # embedding_dense_backward builds a full vocab x hidden gradient; with tied embeddings it is
                 # added into the lm_head's .grad and freed
                 emb = prog.alloc("gradients", spec.vocab * h * ctx.dt.param)
-                if spec.tied or accumulate:
+                if fsdp and not spec.tied:
+                    root_grads.append(emb)
+                elif spec.tied or accumulate:
                     prog.free(emb)
                 else:
                     grads.append(emb)
-            elif not accumulate:
+            elif not accumulate and not fsdp:
                 grads.extend(prog.alloc("gradients", t.nbytes) for t in trainable)
+            if fsdp:
+                if ctx.full:
+                    shard = fsdp.reduce_scatter(sum(weights.units[root]), root_grads, accumulate)
+                    if shard:
+                        grads.append(shard)
+                fsdp.reshard(root)
+                fsdp.finish()
             prog.free(casts)
         prog.set_phase("optimizer step")
-        if ctx.full:
+        if ctx.full or fsdp:
             # norms, biases and routers get their (small) gradients along the way
             rest = sum(t.nbytes for t in trainable) - _sum_sizes(prog, grads)
             if rest > 0:
@@ -685,6 +795,27 @@ def train_program(spec: ModelSpec, w: Workload) -> Program:
         prog.set_phase("forward")
         prog.free_all(grads)
     return prog
+
+
+# DDP's bucket caps (torch/distributed/constants.py and DistributedDataParallel(bucket_cap_mb=25)): the first
+# bucket closes at 1 MiB, every later one at 25 MiB (reducer.cpp compute_bucket_assignment_by_size)
+DDP_FIRST_BUCKET_BYTES = 1024**2
+DDP_BUCKET_BYTES = 25 * 1024**2
+
+
+def ddp_bucket_sizes(grad_bytes: list[int]) -> list[int]:
+    """Bytes of each gradient bucket for gradients in the order they become ready: a bucket takes gradients
+    until it holds at least its cap."""
+    sizes: list[int] = []
+    current = 0
+    for nbytes in grad_bytes:
+        current += nbytes
+        if current >= (DDP_BUCKET_BYTES if sizes else DDP_FIRST_BUCKET_BYTES):
+            sizes.append(current)
+            current = 0
+    if current:
+        sizes.append(current)
+    return sizes
 
 
 def _sum_sizes(prog: Program, handles: list[int]) -> int:

@@ -31,7 +31,8 @@ class Program:
     phase: str = "load"
     phase_peaks: dict[str, int] = field(default_factory=dict)
     phase_peak_events: dict[str, int] = field(default_factory=dict)  # phase -> events before its peak
-    side_stream: frozenset[str] = frozenset()  # categories allocated on another CUDA stream
+    # category -> CUDA stream (0 is the compute stream): the caching allocator keeps each stream's blocks apart
+    streams: dict[str, int] = field(default_factory=dict)
     # a cached segment the replay does not see but that is held at the peak (cuDNN's largest workspace)
     cached_outside_bytes: int = 0
 
@@ -85,16 +86,18 @@ class Program:
                 by_cat[cats[-ev]] -= sizes[-ev]
         return {k: v for k, v in by_cat.items() if v}
 
-    def split_streams(self) -> tuple[list[int], list[int]]:
-        """The events of the main stream and of the side stream, each renumbered for its own replay."""
-        streams: tuple[list[int], list[int]] = ([], [])
+    def split_streams(self) -> list[list[int]]:
+        """The events of each stream (index = stream), each renumbered for its own replay."""
+        count = max(self.streams.values(), default=0) + 1
+        streams: list[list[int]] = [[] for _ in range(count)]
         where: dict[int, tuple[int, int]] = {}  # handle -> (stream, id within the stream)
-        counts = [0, 0]
+        counts = [0] * count
         handle = 0
+        get = self.streams.get
         for ev in self.events:
             if ev > 0:
                 handle += 1
-                s = 1 if self.categories[handle] in self.side_stream else 0
+                s = get(self.categories[handle], 0)
                 counts[s] += 1
                 where[handle] = (s, counts[s])
                 streams[s].append(ev)

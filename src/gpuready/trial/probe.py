@@ -189,6 +189,9 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         pass
     clock = _Clock(torch)
     is_vision = spec["kind"] == "vision"
+    history = os.environ.get(MEMORY_HISTORY_ENV)
+    if history:
+        _start_history(torch)
     try:
         torch.cuda.reset_peak_memory_stats()
         t_load = time.perf_counter()
@@ -208,6 +211,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
             # peaks count from here: the unsharded model built before sharding is not part of the job
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
+            if history:
+                result["memory_history_reset_at"] = _history_length(torch)
         torch.cuda.synchronize()
         result["load_seconds"] = time.perf_counter() - t_load
         result["load_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
@@ -290,7 +295,53 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         result.update(error=f"{type(exc).__name__}: {_first_line(exc)}", error_kind="error")
         result["traceback"] = traceback.format_exc(limit=6)
     _record_memory(torch, result, device)
+    if history:
+        _write_history(torch, result, history)
     return result
+
+
+# Set to a file path to record the caching allocator's history (torch.cuda.memory._record_memory_history) and
+# write it compactly there (".rank<r>" appended under torchrun): every alloc / free / segment event in order with
+# its size, address, stream and innermost Python frames. benchmarks/allocator_check.py replays it.
+MEMORY_HISTORY_ENV = "GPUREADY_PROBE_MEMORY_HISTORY"
+HISTORY_FRAMES = 6
+
+
+def _start_history(torch: Any) -> None:
+    torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python", max_entries=4_000_000)
+
+
+def _history_length(torch: Any) -> int:
+    traces = torch.cuda.memory._snapshot()["device_traces"]
+    return len(traces[torch.cuda.current_device()])
+
+
+def _write_history(torch: Any, result: dict[str, Any], path: str) -> None:
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    frames: dict[str, int] = {}
+    events: list[list[Any]] = []
+    for entry in snap["device_traces"][torch.cuda.current_device()]:
+        stack = " < ".join(
+            f"{f.get('name')}@{Path(str(f.get('filename'))).name}:{f.get('line')}"
+            for f in (entry.get("frames") or [])[:HISTORY_FRAMES]
+        )
+        fid = frames.setdefault(stack, len(frames))
+        events.append(
+            [entry["action"], int(entry.get("addr", 0)), int(entry.get("size", 0)), int(entry.get("stream", 0)), fid]
+        )
+    out = Path(path)
+    if _under_torchrun():
+        out = out.with_name(f"{out.name}.rank{os.environ.get('RANK', '0')}")
+    doc = {
+        "events": events,
+        "frames": list(frames),
+        "reset_at": result.get("memory_history_reset_at", 0),
+        "peak_allocated_bytes": result.get("peak_allocated_bytes"),
+        "peak_reserved_bytes": result.get("peak_reserved_bytes"),
+    }
+    out.write_text(json.dumps(doc), encoding="utf-8")
+    result["memory_history"] = str(out)
 
 
 def _record_memory(torch: Any, result: dict[str, Any], device: int) -> None:

@@ -1,0 +1,73 @@
+"""Check the caching-allocator model against PyTorch's own on real jobs.
+
+On a GPU machine, record a job's allocator history with the probe:
+
+    GPUREADY_PROBE_MEMORY_HISTORY=/tmp/h.json gpuready trial MODEL ... --no-db --json
+
+(under `--nproc N` each rank writes /tmp/h.json.rank<r>). Then, anywhere:
+
+    python benchmarks/allocator_check.py /tmp/h.json [...]          # one report per history
+    python benchmarks/allocator_check.py --table docs/calibration/histories/*.gz
+
+replays the real sequence of allocations and frees (per CUDA stream, as the allocator keeps its pools) through
+gpuready.memory.allocator (gpuready/memory/history.py) and compares peak reserved as the GPU reported it with what
+the model gets from the very same requests; the first segment the model creates differently (with the Python
+frames that asked for it); and what was live at the peak, grouped by frame. `--table` does it for three segment
+placements: the model's, the GPU's own addresses, and always-rising addresses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from gpuready.memory.history import PLACEMENTS, load_history, replay_history
+
+GIB = 1024**3
+
+
+def report(path: Path, placement: str) -> None:
+    res = replay_history(load_history(path), placement)
+    print(f"## {path.name}")
+    print(
+        f"reserved: GPU {res.gpu_peak_reserved_bytes / GIB:.2f} GiB, model on the same requests "
+        f"{res.model_peak_reserved_bytes / GIB:.2f} GiB ({res.error * 100:+.2f}%); segments GPU {res.gpu_segments}, "
+        f"model {res.model_segments}; allocated GPU {res.gpu_peak_allocated_bytes / GIB:.2f}, from the history "
+        f"{res.trace_peak_allocated_bytes / GIB:.2f} GiB"
+    )
+    if res.first_difference:
+        print(f"first different segment: {res.first_difference}")
+    print("live at the peak, by frame:")
+    for frame, size in res.live_at_peak:
+        print(f"  {size / GIB:8.3f} GiB  {frame[:160]}")
+
+
+def table(paths: list[Path]) -> None:
+    print("| history | events | GPU peak reserved GiB | " + " | ".join(f"{p} placement" for p in PLACEMENTS) + " |")
+    print("|---|---:|---:|" + "---:|" * len(PLACEMENTS))
+    for path in paths:
+        doc = load_history(path)
+        runs = [replay_history(doc, p) for p in PLACEMENTS]
+        cells = " | ".join(f"{r.error * 100:+.2f}%" for r in runs)
+        print(f"| {path.name} | {runs[0].events} | {runs[0].gpu_peak_reserved_bytes / GIB:.2f} | {cells} |")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("histories", nargs="+", type=Path)
+    ap.add_argument("--placement", choices=PLACEMENTS, default="model")
+    ap.add_argument("--table", action="store_true", help="one line per history, every placement")
+    args = ap.parse_args()
+    if args.table:
+        table(args.histories)
+    else:
+        for path in args.histories:
+            report(path, args.placement)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,149 @@
+"""Recorded allocator histories: replay what PyTorch's caching allocator really saw through gpuready's model.
+
+A history is what `GPUREADY_PROBE_MEMORY_HISTORY=FILE gpuready trial ...` writes (the probe records
+torch.cuda.memory._record_memory_history and keeps, per event: action, address, size, stream and the innermost
+Python frames). Replaying its allocations and frees through memory/allocator.py per CUDA stream tells whether the
+allocator model reproduces the GPU's reserve on the very same requests, where it first creates a different
+segment, and what was live at the peak. Files may be gzip-compressed (.gz).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuready.memory.allocator import ROUND_LARGE, Block, CachingAllocator, segment_size
+
+PLACEMENTS = ("model", "gpu", "rising")
+
+
+def load_history(path: Path) -> dict[str, Any]:
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    doc: dict[str, Any] = json.loads(raw)
+    return doc
+
+
+class _Placed(CachingAllocator):
+    """The allocator model with its segments placed elsewhere: "model" as gpuready places them, "gpu" at the
+    addresses the GPU's driver gave (from the history), "rising" every new segment above the last (gpuready before
+    2026-11-30). Addresses only break ties between equal-sized cached blocks."""
+
+    def __init__(self, placement: str, addresses: list[int]) -> None:
+        super().__init__()
+        self.placement = placement
+        self.addresses = addresses
+        self._top = 1 << 50
+
+    def _new_segment(self, size: int, small: bool) -> Block:
+        if self.placement == "model":
+            return super()._new_segment(size, small)
+        seg = segment_size(size)
+        if self.placement == "gpu":
+            addr = self.addresses.pop(0)
+        else:
+            addr, self._top = self._top, self._top + seg + ROUND_LARGE
+        block = Block(addr, seg, small)
+        self._segment_heads[addr] = block
+        self.segments += 1
+        self.reserved += seg
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        return block
+
+
+@dataclass(frozen=True)
+class SegmentDifference:
+    index: int  # the n-th segment created
+    gpu_bytes: int
+    gpu_frames: str
+    model_bytes: int
+    model_frames: str
+
+
+@dataclass(frozen=True)
+class Replay:
+    placement: str
+    events: int
+    gpu_peak_reserved_bytes: int  # as the probe read max_memory_reserved
+    model_peak_reserved_bytes: int  # the model on the same requests, counted from the same reset
+    gpu_peak_allocated_bytes: int
+    trace_peak_allocated_bytes: int  # from the history's requested sizes
+    gpu_segments: int
+    model_segments: int
+    first_difference: SegmentDifference | None
+    live_at_peak: list[tuple[str, int]] = field(default_factory=list)  # (frames, bytes), largest first
+
+    @property
+    def error(self) -> float:
+        return self.model_peak_reserved_bytes / self.gpu_peak_reserved_bytes - 1
+
+
+def replay_history(doc: dict[str, Any], placement: str = "model", top: int = 12) -> Replay:
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}")
+    events: list[list[Any]] = doc["events"]
+    frames: list[str] = doc["frames"]
+    reset_at = int(doc.get("reset_at") or 0)
+    addresses: dict[int, list[int]] = defaultdict(list)
+    for action, addr, _size, stream, _fid in events:
+        if action == "segment_alloc":
+            addresses[stream].append(addr)
+    pools: dict[int, CachingAllocator] = {}
+    blocks: dict[int, tuple[int, Block]] = {}
+    live: dict[int, tuple[int, int]] = {}  # addr -> (size, frame id)
+    gpu_segments: list[tuple[int, int]] = []
+    model_segments: list[tuple[int, int]] = []
+    allocated = peak_alloc = 0
+    peak_live: dict[int, tuple[int, int]] = {}
+    model_peak = 0
+    for i, (action, addr, size, stream, fid) in enumerate(events):
+        if i == reset_at:
+            peak_alloc, peak_live = allocated, dict(live)
+            model_peak = sum(p.reserved for p in pools.values())
+        if action == "alloc":
+            pool = pools.get(stream)
+            if pool is None:
+                pool = pools[stream] = _Placed(placement, addresses[stream])
+            before = pool.reserved
+            blocks[addr] = (stream, pool.malloc(size))
+            if pool.reserved > before:
+                model_segments.append((pool.reserved - before, fid))
+            live[addr] = (size, fid)
+            allocated += size
+            if i >= reset_at:
+                if allocated > peak_alloc:
+                    peak_alloc, peak_live = allocated, dict(live)
+                model_peak = max(model_peak, sum(p.reserved for p in pools.values()))
+        elif action == "free_completed":
+            if addr in blocks:
+                owner, block = blocks.pop(addr)
+                pools[owner].free(block)
+            if addr in live:
+                allocated -= live.pop(addr)[0]
+        elif action == "segment_alloc":
+            gpu_segments.append((size, fid))
+    first = None
+    for k, (gpu, model) in enumerate(zip(gpu_segments, model_segments, strict=False)):
+        if gpu[0] != model[0]:
+            first = SegmentDifference(k, gpu[0], frames[gpu[1]], model[0], frames[model[1]])
+            break
+    by_frame: dict[str, int] = defaultdict(int)
+    for size, fid in peak_live.values():
+        by_frame[frames[fid]] += size
+    return Replay(
+        placement=placement,
+        events=len(events),
+        gpu_peak_reserved_bytes=int(doc.get("peak_reserved_bytes") or 0),
+        model_peak_reserved_bytes=model_peak,
+        gpu_peak_allocated_bytes=int(doc.get("peak_allocated_bytes") or 0),
+        trace_peak_allocated_bytes=peak_alloc,
+        gpu_segments=len(gpu_segments),
+        model_segments=len(model_segments),
+        first_difference=first,
+        live_at_peak=sorted(by_frame.items(), key=lambda kv: -kv[1])[:top],
+    )
