@@ -155,7 +155,7 @@ def test_vision_training_counts_feature_maps() -> None:
 def test_reserved_is_at_least_allocated_and_device_adds_the_context() -> None:
     e = est(model="llama-3.2-1b", batch=2, seq=1024)
     assert e.peak_reserved_bytes >= e.peak_allocated_bytes
-    assert e.peak_device_bytes - e.peak_reserved_bytes == 767 * 2**20
+    assert e.peak_device_bytes - e.peak_reserved_bytes == 804_061_184  # median training overhead on the H200
 
 
 def test_fits_headroom_and_max_batch_agree() -> None:

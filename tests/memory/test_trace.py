@@ -106,8 +106,26 @@ def test_fit_against_a_gpu_size(tiny: str) -> None:
     from gpuready.memory.trace import trace_estimate
 
     w = make_workload(model=tiny, batch=1, seq=16)
-    roomy = trace_estimate(w, gpu_memory_bytes=80 * 2**30)
+    roomy = trace_estimate(w, gpu_memory_bytes=80 * 2**30, find_max_batch=False)
     assert roomy.fits is True
     assert roomy.headroom_bytes == 80 * 2**30 - roomy.peak_device_bytes
     tight = trace_estimate(w, gpu_memory_bytes=2**20)
     assert tight.fits is False
+
+
+@pytest.mark.torch
+def test_traced_max_batch_uses_the_fit_rule_of_the_arithmetic_mode(tiny: str) -> None:
+    pytest.importorskip("transformers")
+    from gpuready.memory.estimate import needed_bytes
+    from gpuready.memory.trace import trace_estimate, traced_largest_batch
+
+    w = make_workload(model=tiny, batch=1, seq=512)
+    need = {b: needed_bytes(trace_estimate(w.model_copy(update={"batch": b})).peak_reserved_bytes, w) for b in (6, 7)}
+    assert need[7] > need[6]
+    card = (need[6] + need[7]) // 2
+    # from any starting guess the search lands on the largest batch that passes the rule
+    for guess in (1, 6, 20):
+        assert traced_largest_batch(w, card, guess)[0] == 6
+    at = trace_estimate(w, gpu_memory_bytes=card)
+    assert at.max_batch == 6
+    assert at.fits is (needed_bytes(at.peak_reserved_bytes, w) <= card)

@@ -18,12 +18,12 @@ from gpuready.memory.result import MemoryEstimate
 from gpuready.models import ModelSpec, resolve_model
 from gpuready.workload import Workload
 
-# CUDA context + cuBLAS/cuDNN workspaces outside the caching allocator: NVML used − reserved at the end of the
-# calibration runs on the H200 (torch 2.11, CUDA 13): 695–771 MiB over 15 single-GPU rows
-# (../shared/calibration/h200.jsonl, device_overhead_bytes). Training rows (cuBLAS backward workspaces and
-# cuDNN for convolutions) sit at the top of that range, inference at the bottom.
-DEVICE_OVERHEAD_TRAIN_BYTES = 767 * 1024**2
-DEVICE_OVERHEAD_INFER_BYTES = 707 * 1024**2
+# CUDA context + cuBLAS/cuDNN workspaces outside the caching allocator: NVML used - max_memory_reserved at the end
+# of each run in ../shared/calibration/h200.jsonl (device_overhead_bytes; torch 2.11, CUDA 13, H200). Training rows
+# 787,283,968-808,255,488 B, median 804,061,184 (cuBLAS backward workspaces, cuDNN for convolutions); inference
+# rows 728,563,712-743,243,776 B, median 741,146,624.
+DEVICE_OVERHEAD_TRAIN_BYTES = 804_061_184
+DEVICE_OVERHEAD_INFER_BYTES = 741_146_624
 
 # `fits` and `max_batch` keep this share of the predicted reserve free. Why: the reserve is predicted within a few
 # percent (docs/accuracy.md: up to 6.9% under on 33 measured jobs), and the caching allocator can fail one large

@@ -32,16 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from gpuready.errors import GpureadyError, InputError
-from gpuready.memory.allocator import MIB, AllocatorOutOfMemory, CachingAllocator, round_size
+from gpuready.memory.allocator import MIB, CachingAllocator, round_size
 from gpuready.memory.result import MemoryEstimate
 from gpuready.models import find_preset, resolve_model
 from gpuready.workload import Workload
-
-# NVML used memory minus max_memory_reserved at the end of each run in ../shared/calibration/h200.jsonl
-# (device_overhead_bytes): the CUDA context and libraries outside the caching allocator. Training rows:
-# 787,283,968-808,255,488, median 804,061,184; inference rows: 728,563,712-743,243,776, median 741,146,624.
-DEVICE_OVERHEAD_TRAIN_BYTES = 804_061_184
-DEVICE_OVERHEAD_INFER_BYTES = 741_146_624
 
 # cuBLAS workspace per handle on Hopper (sm90): 4096 * 8 KiB = 32 MiB (default CUBLAS_WORKSPACE_CONFIG,
 # aten/src/ATen/cuda/CublasHandlePool.cpp), taken from the caching allocator, never freed.
@@ -647,12 +641,16 @@ def _phase_at(trace: Trace, index: int) -> str:
     return phase
 
 
-def trace_estimate(workload: Workload, gpu_memory_bytes: int | None = None) -> MemoryEstimate:
-    """Peak GPU memory of one job on one GPU: its traced allocations replayed through the allocator model."""
-    if workload.gpus > 1 or workload.shard != "none":
-        raise InputError("--gpus", "the traced mode covers one GPU; use --gpus 1 --shard none")
-    if workload.method == "qlora":
-        raise InputError("--method", "qlora is not traced (bitsandbytes needs CUDA); allowed: full, lora")
+@dataclass
+class _Traced:
+    job: Any
+    rep: _Replay
+    reserved: int
+    notes: list[str]
+    seconds: float
+
+
+def _traced(workload: Workload) -> _Traced:
     start = time.perf_counter()
     job = run_trace(workload)
     trace = job.trace
@@ -666,8 +664,6 @@ def trace_estimate(workload: Workload, gpu_memory_bytes: int | None = None) -> M
             )
         else:
             notes.append(f"decode: only {DECODE_STEPS_TRACED} steps traced; later steps not modelled")
-    overhead = DEVICE_OVERHEAD_TRAIN_BYTES if workload.training else DEVICE_OVERHEAD_INFER_BYTES
-    capacity = None if gpu_memory_bytes is None else max(gpu_memory_bytes - overhead, 0)
     rep = _replay(trace, None)
     reserved = rep.peak_reserved
     spec = resolve_model(workload.model)
@@ -679,28 +675,84 @@ def trace_estimate(workload: Workload, gpu_memory_bytes: int | None = None) -> M
         workspace = int(CUDNN_WORKSPACE_PER_LARGEST_MAP * resnet_largest_map_bytes(spec, workload))
         reserved = max(reserved, rep.peak_allocated + workspace)
         notes.append("cuDNN convolution workspace: one cached segment of about six feature maps (measured)")
+    return _Traced(job, rep, reserved, notes, time.perf_counter() - start)
+
+
+MAX_TRACED_BATCH = 1 << 16  # the arithmetic mode's search limit too (memory/estimate.py largest_batch)
+
+
+def traced_largest_batch(
+    workload: Workload, gpu_memory_bytes: int, guess: int, known: dict[int, int] | None = None
+) -> tuple[int, int]:
+    """Largest batch whose traced reserve fits the card by the rule the arithmetic mode uses (reserve + 5% +
+    context, memory/estimate.py needed_bytes), starting from the arithmetic mode's answer `guess`: usually two
+    traces (the guess and the batch above it). Returns (batch, how many batch sizes were traced)."""
+    from gpuready.memory.estimate import needed_bytes
+
+    reserves = dict(known or {})
+
+    def fits(batch: int) -> bool:
+        if batch not in reserves:
+            reserves[batch] = _traced(workload.model_copy(update={"batch": batch})).reserved
+        return needed_bytes(reserves[batch], workload) <= gpu_memory_bytes
+
+    lo, hi = 0, None  # lo fits (0 always does), hi does not
+    batch = max(guess, 1)
+    if fits(batch):
+        lo, step = batch, 1
+        while hi is None:
+            if lo + step > MAX_TRACED_BATCH:
+                return lo, len(reserves)
+            if fits(lo + step):
+                lo, step = lo + step, step * 2
+            else:
+                hi = lo + step
+    else:
+        hi = batch
+        if batch > 1 and fits(batch - 1):
+            lo = batch - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo, len(reserves)
+
+
+def trace_estimate(
+    workload: Workload, gpu_memory_bytes: int | None = None, *, find_max_batch: bool = True
+) -> MemoryEstimate:
+    """Peak GPU memory of one job on one GPU: its traced allocations replayed through the allocator model.
+    With `gpu_memory_bytes`: `fits` by the arithmetic mode's rule (the reserve with its 5% margin plus the
+    context) and `max_batch` found by tracing around the arithmetic mode's answer."""
+    if workload.gpus > 1 or workload.shard != "none":
+        raise InputError("--gpus", "the traced mode covers one GPU; use --gpus 1 --shard none")
+    if workload.method == "qlora":
+        raise InputError("--method", "qlora is not traced (bitsandbytes needs CUDA); allowed: full, lora")
+    from gpuready.memory.estimate import FIT_MARGIN, device_overhead_bytes, largest_batch, needed_bytes
+
+    traced = _traced(workload)
+    job, rep, reserved, notes = traced.job, traced.rep, traced.reserved, traced.notes
+    trace = job.trace
+    overhead = device_overhead_bytes(workload)
     peak_device = reserved + overhead
-    fits = headroom = None
+    fits = headroom = max_batch = None
     if gpu_memory_bytes is not None:
-        fits = peak_device <= gpu_memory_bytes
+        fits = needed_bytes(reserved, workload) <= gpu_memory_bytes
         headroom = gpu_memory_bytes - peak_device
-        if capacity is not None and not fits:
-            # the allocator releases cached segments before it gives up: replay against the capacity
-            try:
-                capped = _replay(trace, capacity)
-            except AllocatorOutOfMemory:
-                capped = None
-            if capped is not None:
-                fits = True
-                headroom = gpu_memory_bytes - (capped.peak_reserved + overhead)
-                notes.append("fits only because the allocator releases cached segments when the device is full")
+        notes.append(f"fits / max batch keep {FIT_MARGIN:.0%} of the traced reserve free, as the arithmetic mode does")
+        if find_max_batch:
+            spec = resolve_model(workload.model)
+            guess = largest_batch(spec, workload, gpu_memory_bytes)
+            max_batch, traced_sizes = traced_largest_batch(
+                workload, gpu_memory_bytes, guess, {workload.batch: reserved}
+            )
+            notes.append(f"max batch: {traced_sizes} batch sizes traced, starting from the arithmetic answer {guess}")
     assumptions = [
         "traced: the job's real code run on fake tensors (torch FakeTensorMode), allocations replayed "
         "through a model of PyTorch's CUDA caching allocator (default settings)",
         f"attention: CUDA's flash/memory-efficient SDPA kernels modelled (output + log-sum-exp kept); "
         f"cuBLAS workspace {CUBLAS_WORKSPACE_BYTES // MIB} MiB per handle (sm90 default)",
         f"device overhead (CUDA context, libraries) {overhead} B, measured on an H200 with torch 2.11",
-        f"traced in {time.perf_counter() - start:.1f} s, {len(trace.events)} allocation events",
+        f"traced in {traced.seconds:.1f} s, {len(trace.events)} allocation events",
         *notes,
     ]
     if workload.training:
@@ -719,6 +771,6 @@ def trace_estimate(workload: Workload, gpu_memory_bytes: int | None = None) -> M
         gpu_memory_bytes=gpu_memory_bytes,
         fits=fits,
         headroom_bytes=headroom,
-        max_batch=None,
+        max_batch=max_batch,
         phases=rep.phases,
     )
