@@ -5,7 +5,7 @@ Each input line is a job written as `gpuready estimate` arguments (`#` starts a 
 ../shared/calibration/h200.jsonl (id, args, gpu, gpus, peak_allocated_bytes, peak_reserved_bytes,
 device_overhead_bytes, params, trainable, step_seconds); a job that fails keeps null peaks and adds `error`.
 
-    python benchmarks/calibrate.py JOBS.txt OUT.jsonl [--timeout 300]
+    python benchmarks/calibrate.py JOBS.txt OUT.jsonl [--timeout 300] [--nproc 2]
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ def main() -> int:
     ap.add_argument("jobs", type=Path)
     ap.add_argument("out", type=Path)
     ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--nproc", type=int, default=None, help="run each job under torchrun with N processes")
     opts = ap.parse_args()
     lines = [ln.strip() for ln in opts.jobs.read_text().splitlines()]
     jobs = [ln for ln in lines if ln and not ln.startswith("#")]
@@ -59,7 +60,7 @@ def main() -> int:
                 given_id = given_id.removeprefix("id=")
             workload = workload_from_args(args)
             t0 = time.perf_counter()
-            point = ProbeBackend(workload, timeout=opts.timeout).run_point({})
+            point = ProbeBackend(workload, timeout=opts.timeout, nproc=opts.nproc).run_point({})
             row: dict[str, Any] = {
                 "id": given_id or job_id(workload),
                 "args": args,

@@ -240,7 +240,8 @@ def test_fsdp_models_the_unsharded_build_and_three_streams() -> None:
 def test_ddp_rebuilds_its_buckets_in_gradient_order() -> None:
     from collections import Counter
 
-    from gpuready.memory.lm import ddp_bucket_sizes, load_weights, make_ctx
+    from gpuready.memory.ddp import ddp_bucket_sizes
+    from gpuready.memory.lm import load_weights, make_ctx
     from gpuready.memory.program import Program
     from gpuready.models import resolve_model
     from gpuready.workload import make_workload

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuready.memory.ddp import ddp_bucket_sizes
 from gpuready.memory.dtypes import Dtypes, dtypes_for
 from gpuready.memory.optimizer import Trainable, optimizer_step
 from gpuready.memory.program import Program
@@ -795,27 +796,6 @@ def train_program(spec: ModelSpec, w: Workload) -> Program:
         prog.set_phase("forward")
         prog.free_all(grads)
     return prog
-
-
-# DDP's bucket caps (torch/distributed/constants.py and DistributedDataParallel(bucket_cap_mb=25)): the first
-# bucket closes at 1 MiB, every later one at 25 MiB (reducer.cpp compute_bucket_assignment_by_size)
-DDP_FIRST_BUCKET_BYTES = 1024**2
-DDP_BUCKET_BYTES = 25 * 1024**2
-
-
-def ddp_bucket_sizes(grad_bytes: list[int]) -> list[int]:
-    """Bytes of each gradient bucket for gradients in the order they become ready: a bucket takes gradients
-    until it holds at least its cap."""
-    sizes: list[int] = []
-    current = 0
-    for nbytes in grad_bytes:
-        current += nbytes
-        if current >= (DDP_BUCKET_BYTES if sizes else DDP_FIRST_BUCKET_BYTES):
-            sizes.append(current)
-            current = 0
-    if current:
-        sizes.append(current)
-    return sizes
 
 
 def _sum_sizes(prog: Program, handles: list[int]) -> int:
