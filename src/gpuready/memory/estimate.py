@@ -24,6 +24,10 @@ from gpuready.workload import Workload
 # rows 728,563,712-743,243,776 B, median 741,146,624.
 DEVICE_OVERHEAD_TRAIN_BYTES = 804_061_184
 DEVICE_OVERHEAD_INFER_BYTES = 741_146_624
+# A rank of a 2-GPU DDP or FSDP2 job also holds NCCL's communicator buffers: 1,687,027,712-1,695,416,320 B per GPU
+# over the five 2-GPU rows of docs/calibration/h200_gpuready_multi_gpu.jsonl, median 1,691,222,016. Measured with
+# two GPUs only; NCCL's buffers grow with the number of peers, so larger jobs may need more.
+DEVICE_OVERHEAD_DISTRIBUTED_BYTES = 1_691_222_016
 
 # `fits` and `max_batch` keep this share of the predicted reserve free. Why: the reserve is predicted within a few
 # percent (docs/accuracy.md: up to 6.9% under on 33 measured jobs), and the caching allocator can fail one large
@@ -89,6 +93,8 @@ def _check_supported(spec: ModelSpec, w: Workload) -> None:
 
 
 def device_overhead_bytes(w: Workload) -> int:
+    if w.training and w.gpus > 1 and w.shard in ("ddp", "fsdp"):
+        return DEVICE_OVERHEAD_DISTRIBUTED_BYTES
     return DEVICE_OVERHEAD_TRAIN_BYTES if w.training else DEVICE_OVERHEAD_INFER_BYTES
 
 
@@ -182,8 +188,9 @@ def assumptions(spec: ModelSpec, w: Workload) -> list[str]:
     out = [
         "one GPU; PyTorch caching allocator with default settings (expandable_segments off)",
         f"fits / max batch keep {FIT_MARGIN:.0%} of the predicted reserve free for allocator fragmentation",
-        f"device overhead (CUDA context + cuBLAS/cuDNN workspaces) {device_overhead_bytes(w) / 2**20:.0f} MiB, "
-        "as measured on an H200 with torch 2.11",
+        f"device overhead (CUDA context + cuBLAS/cuDNN workspaces"
+        f"{' + NCCL buffers' if device_overhead_bytes(w) == DEVICE_OVERHEAD_DISTRIBUTED_BYTES else ''}) "
+        f"{device_overhead_bytes(w) / 2**20:.0f} MiB, as measured on an H200 with torch 2.11",
     ]
     if spec.kind == "lm":
         from gpuready.memory.lm import make_ctx

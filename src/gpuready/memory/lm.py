@@ -163,6 +163,10 @@ def load_weights(prog: Program, ctx: Ctx) -> Weights:
     param(norm_numel * p, norm_numel, ctx.full)
     if not spec.tied:
         param(spec.vocab * h * p, spec.vocab * h, ctx.full)
+    else:
+        # from_config builds lm_head with its own weight, then tie_weights() points it at the embedding and the
+        # built one is freed: its block stays cached (every tied model's recorded H200 history shows it)
+        prog.free(prog.alloc("weights", spec.vocab * h * p))
     if n > 1:
         for sizes, full in zip(units, handles, strict=True):
             for nbytes in sizes:

@@ -727,6 +727,14 @@ def trace_estimate(
         raise InputError("--gpus", "the traced mode covers one GPU; use --gpus 1 --shard none")
     if workload.method == "qlora":
         raise InputError("--method", "qlora is not traced (bitsandbytes needs CUDA); allowed: full, lora")
+    if workload.training and workload.precision in ("bf16", "fp16") and workload.model.startswith("resnet"):
+        # CPU convolution kernels keep fp32 copies of 16-bit activations that cuDNN does not: resnet50 bf16 batch
+        # 128 traced at 12.65 GiB against 6.83 measured (docs/accuracy_trace.md)
+        raise InputError(
+            "--precision",
+            f"{workload.precision} convolution training is not traced (CPU kernels keep fp32 copies cuDNN does not); "
+            "allowed here: fp32, mixed, or drop --trace",
+        )
     from gpuready.memory.estimate import FIT_MARGIN, device_overhead_bytes, largest_batch, needed_bytes
 
     traced = _traced(workload)
