@@ -288,3 +288,31 @@ def test_qlora_dequantizes_one_weight_at_a_time() -> None:
     lora = _program(resolve_model("llama-3.2-1b"), w.model_copy(update={"method": "lora"})).events
     mlp_bf16 = 8192 * 2048 * 2  # one dequantized MLP matrix of llama-3.2-1b
     assert events.count(mlp_bf16) > lora.count(mlp_bf16)
+
+
+def test_fsdp_model_too_large_for_one_gpu_is_taken_as_initialised_on_meta() -> None:
+    from gpuready.memory.estimate import fsdp_meta_init
+
+    spec = resolve_model("llama-3.1-70b")
+    w = make_workload(model="llama-3.1-70b", method="lora", grad_ckpt=True, gpus=8, shard="fsdp")
+    assert fsdp_meta_init(spec, w, 80 * GIB)  # 141 GB of bf16 weights cannot be built on an 80 GiB card
+    on_card = estimate(w, 80 * GIB)
+    assert on_card.fits and any("meta device" in a for a in on_card.assumptions)
+    assert on_card.phases["load"] < 20 * GIB  # shards only
+    whole = estimate(w)  # no card given: built whole first, as the measured jobs were
+    assert whole.phases["load"] > spec.params * 2
+    small = resolve_model("llama-3.1-8b")
+    assert not fsdp_meta_init(small, w.model_copy(update={"model": "llama-3.1-8b"}), 80 * GIB)
+
+
+def test_fsdp_and_qlora_components_appear_at_their_peaks() -> None:
+    fsdp = est(model="llama-3.2-1b", batch=1, seq=256, gpus=2, shard="fsdp")
+    assert fsdp.phase == "backward"
+    # mid-backward: this GPU's gradient shards, the layer's gathered parameters, its reduce-scatter input
+    for part in ("sharded_gradients", "fsdp_gathered_params", "fsdp_reduce_scatter_buffers"):
+        assert fsdp.breakdown[part] > 0, part
+    forward = est(model="llama-3.2-1b", batch=4, seq=2048, gpus=2, shard="fsdp")
+    assert forward.breakdown["fsdp_all_gather_buffers"] > 0
+    # QLoRA at a short sequence peaks while a linear's NF4 weight is dequantized for its matmul
+    qlora = est(model="llama-3.1-8b", method="qlora", batch=1, seq=64)
+    assert qlora.breakdown["quantization_temporaries"] == 14336 * 4096 * 2

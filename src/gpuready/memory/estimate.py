@@ -46,8 +46,8 @@ class _Run:
     breakdown: dict[str, int]  # at the peak phase
 
 
-def _run(spec: ModelSpec, w: Workload) -> _Run:
-    prog = _program(spec, w)
+def _run(spec: ModelSpec, w: Workload, meta_init: bool = False) -> _Run:
+    prog = _program(spec, w, meta_init)
     if prog.streams:
         # the caching allocator keeps blocks per CUDA stream: FSDP2's all-gather and reduce-scatter buffers live on
         # their own streams, so their cache cannot serve the compute stream (and the reverse); replay each apart.
@@ -60,24 +60,26 @@ def _run(spec: ModelSpec, w: Workload) -> _Run:
     return _Run(prog.peak_allocated, reserved, dict(prog.phase_peaks), prog.breakdown(phase))
 
 
-def _program(spec: ModelSpec, w: Workload) -> Program:
+def _program(spec: ModelSpec, w: Workload, meta_init: bool = False) -> Program:
     if spec.kind == "vision":
         from gpuready.memory.vision import vision_program
 
         return vision_program(spec, w)
     from gpuready.memory.lm import infer_program, train_program
 
-    return train_program(spec, w) if w.training else infer_program(spec, w)
+    return train_program(spec, w, meta_init=meta_init) if w.training else infer_program(spec, w)
 
 
 @functools.lru_cache(maxsize=4096)
-def _core(spec: ModelSpec, w: Workload) -> tuple[int, int, str, dict[str, int], dict[str, int]]:
+def _core(
+    spec: ModelSpec, w: Workload, meta_init: bool = False
+) -> tuple[int, int, str, dict[str, int], dict[str, int]]:
     """(peak allocated, peak reserved, phase, breakdown at the peak) for one GPU.
 
     The whole program is simulated at the model's real depth: the allocator's reserve does not grow linearly
     over the first layers (cached blocks are reused differently), so extrapolating from shallow copies of the
     model under-reserves by up to 10% (llama-3.2-1b, batch 1)."""
-    run = _run(spec, w)
+    run = _run(spec, w, meta_init)
     phase = max(run.phase_peaks, key=lambda p: run.phase_peaks[p])
     reserved = max(run.peak_reserved, run.peak_allocated)
     return run.peak_allocated, reserved, phase, run.breakdown, run.phase_peaks
@@ -120,7 +122,8 @@ def estimate(
     """Peak memory per GPU of `workload`; with `gpu_memory_bytes`, whether it fits and the largest batch."""
     spec = spec or resolve_model(workload.model)
     _check_supported(spec, workload)
-    allocated, reserved, phase, breakdown, phases = _core(spec, workload)
+    meta_init = fsdp_meta_init(spec, workload, gpu_memory_bytes)
+    allocated, reserved, phase, breakdown, phases = _core(spec, workload, meta_init)
     overhead = device_overhead_bytes(workload)
     breakdown = dict(sorted(breakdown.items(), key=lambda kv: -kv[1]))
     result = MemoryEstimate(
@@ -132,14 +135,14 @@ def estimate(
         peak_device_bytes=reserved + overhead,
         phase=phase,
         breakdown=breakdown,
-        assumptions=assumptions(spec, workload),
+        assumptions=assumptions(spec, workload, meta_init),
         phases=dict(phases),
     )
     if gpu_memory_bytes is None:
         return result
     device = reserved + overhead
     fits = needed_bytes(reserved, workload) <= gpu_memory_bytes
-    max_batch = largest_batch(spec, workload, gpu_memory_bytes) if find_max_batch else None
+    max_batch = largest_batch(spec, workload, gpu_memory_bytes, meta_init=meta_init) if find_max_batch else None
     mitigations = []
     if not fits and find_max_batch:
         from gpuready.memory.mitigations import suggest
@@ -160,33 +163,48 @@ def needed_bytes(reserved: int, w: Workload) -> int:
     return math.ceil(reserved * (1 + FIT_MARGIN)) + device_overhead_bytes(w)
 
 
-def needed_for_batch(spec: ModelSpec, w: Workload, batch: int) -> int:
-    return needed_bytes(_core(spec, w.model_copy(update={"batch": batch}))[1], w)
+def needed_for_batch(spec: ModelSpec, w: Workload, batch: int, meta_init: bool = False) -> int:
+    return needed_bytes(_core(spec, w.model_copy(update={"batch": batch}), meta_init)[1], w)
 
 
-def largest_batch(spec: ModelSpec, w: Workload, capacity: int, limit: int = 1 << 16) -> int:
+def fsdp_meta_init(spec: ModelSpec, w: Workload, gpu_memory_bytes: int | None) -> bool:
+    """Whether an FSDP job is taken as initialised on the meta device and loaded shard by shard. The measured
+    FSDP2 jobs built the whole model on each GPU and then sharded it (its freed blocks stay in the reserve); a
+    model whose whole weights do not fit the card cannot be built that way, so for it the build is left out."""
+    if w.shard != "fsdp" or w.gpus < 2 or gpu_memory_bytes is None:
+        return False
+    from gpuready.memory.dtypes import dtypes_for
+
+    return spec.params * dtypes_for(w).param + device_overhead_bytes(w) > gpu_memory_bytes
+
+
+def largest_batch(
+    spec: ModelSpec, w: Workload, capacity: int, limit: int = 1 << 16, *, meta_init: bool | None = None
+) -> int:
     """Largest micro-batch that fits `capacity` by the rule `fits` uses (0 if batch 1 does not)."""
-    if needed_for_batch(spec, w, 1) > capacity:
+    meta = fsdp_meta_init(spec, w, capacity) if meta_init is None else meta_init
+    if needed_for_batch(spec, w, 1, meta) > capacity:
         return 0
     lo, hi = 1, 2
-    while hi <= limit and needed_for_batch(spec, w, hi) <= capacity:
+    while hi <= limit and needed_for_batch(spec, w, hi, meta) <= capacity:
         lo, hi = hi, hi * 2
     if hi > limit:
         return lo
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if needed_for_batch(spec, w, mid) <= capacity:
+        if needed_for_batch(spec, w, mid, meta) <= capacity:
             lo = mid
         else:
             hi = mid
     return lo
 
 
-def assumptions(spec: ModelSpec, w: Workload) -> list[str]:
+def assumptions(spec: ModelSpec, w: Workload, meta_init: bool = False) -> list[str]:
     from gpuready.memory.dtypes import dtypes_for
 
     out = [
-        "one GPU; PyTorch caching allocator with default settings (expandable_segments off)",
+        ("per GPU; " if w.gpus > 1 else "one GPU; ")
+        + "PyTorch caching allocator with default settings (expandable_segments off)",
         f"fits / max batch keep {FIT_MARGIN:.0%} of the predicted reserve free for allocator fragmentation",
         f"device overhead (CUDA context + cuBLAS/cuDNN workspaces"
         f"{' + NCCL buffers' if device_overhead_bytes(w) == DEVICE_OVERHEAD_DISTRIBUTED_BYTES else ''}) "
@@ -227,6 +245,13 @@ def assumptions(spec: ModelSpec, w: Workload) -> list[str]:
         out.append(
             f"FSDP2 over {w.gpus} GPUs: parameters, gradients and optimizer states sharded; each layer "
             "gathered for its forward and backward (next one prefetched); the root stays gathered"
+        )
+        out.append(
+            "FSDP2 init: the whole model does not fit one GPU, so it is taken as built on the meta device and "
+            "loaded shard by shard"
+            if meta_init
+            else "FSDP2 init: the whole model built on each GPU, then sharded (its freed blocks stay in the reserve); "
+            "initialising on the meta device needs less"
         )
     elif w.shard == "ddp":
         out.append(f"DDP over {w.gpus} GPUs: a full replica per GPU plus gradient buckets (a gradient-sized copy)")

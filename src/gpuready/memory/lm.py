@@ -101,11 +101,12 @@ class Weights:
     units: list[list[int]]
 
 
-def load_weights(prog: Program, ctx: Ctx) -> Weights:
+def load_weights(prog: Program, ctx: Ctx, whole_first: bool = True) -> Weights:
     """Allocate every parameter as from_config builds it on the GPU. Under FSDP the whole model is built on
     each GPU first (as the calibration runs and the trial's probe do) and then sharded unit by unit:
     fully_shard(layer) for every layer, then fully_shard(model) (the recorded H200 history of
-    fsdp2_llama8b: each unit's shards are allocated, then its full parameters freed; their blocks stay cached)."""
+    fsdp2_llama8b: each unit's shards are allocated, then its full parameters freed; their blocks stay cached).
+    With whole_first=False (a model initialised on the meta device) only the shards are allocated."""
     spec, p = ctx.spec, ctx.dt.param
     trainable: list[Trainable] = []
     h = spec.hidden
@@ -114,8 +115,10 @@ def load_weights(prog: Program, ctx: Ctx) -> Weights:
     handles: list[list[int]] = [[] for _ in range(spec.layers + 1)]
     unit = spec.layers  # the root until the first layer
 
+    meta = n > 1 and not whole_first
+
     def param(nbytes: int, numel: int, trains: bool, cat: str = "weights") -> None:
-        handles[unit].append(prog.alloc(cat, nbytes))
+        handles[unit].append(prog.alloc(cat, -(-nbytes // n) if meta else nbytes))
         units[unit].append(nbytes)
         if trains:
             # FSDP keeps 1/n of every parameter (a DTensor shard) on each GPU
@@ -166,8 +169,8 @@ def load_weights(prog: Program, ctx: Ctx) -> Weights:
     else:
         # from_config builds lm_head with its own weight, then tie_weights() points it at the embedding and the
         # built one is freed: its block stays cached (every tied model's recorded H200 history shows it)
-        prog.free(prog.alloc("weights", spec.vocab * h * p))
-    if n > 1:
+        prog.free(prog.alloc("weights", -(-spec.vocab * h * p // n) if meta else spec.vocab * h * p))
+    if n > 1 and not meta:
         for sizes, full in zip(units, handles, strict=True):
             for nbytes in sizes:
                 prog.alloc("weights", -(-nbytes // n))
@@ -322,14 +325,16 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
         S = ctx.w.seq
         scores = T * a * S  # elements: batch * heads * seq * seq
         if backend == "math":
+            # _scaled_dot_product_attention_math as the recorded history of ft_qwen2.5-0.5b fp32 shows it: q and
+            # k scaled (k repeated to all heads), v repeated, kept; the scores (causal mask added in place);
+            # _safe_softmax's output, kept; its one-byte mask of fully masked entries, dropped with the scores
             save(T * q_width * e, T * q_width * e)  # q * sqrt(scale)
             save(T * q_width * e, T * q_width * e)  # k * sqrt(scale), repeated to all heads
-            t = tmp(scores * e)  # q @ k^T
-            t2 = tmp(scores * e)  # + causal mask
-            drop(t)
-            save(scores * e, scores * e)  # softmax output
-            drop(t2)
             save(T * out_width * e)  # v, repeated
+            t = tmp(scores * e)  # q @ k^T, masked in place
+            save(scores * e, scores * e)  # softmax output
+            drop(tmp(scores))  # _safe_softmax: scores == -inf, one byte per score
+            drop(t)
         else:  # eager: matmul, * scaling, + mask, softmax in fp32, .to(dtype), matmul with v
             save(T * q_width * e)
             save(T * kq * e, T * kq * e)
@@ -672,13 +677,13 @@ class _Fsdp:
             self.pending = 0
 
 
-def train_program(spec: ModelSpec, w: Workload) -> Program:
+def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> Program:
     """STEPS optimizer steps (states appear in the first), each of grad_accum micro-batches (at most two are
     simulated: the second already has the first's gradients alive)."""
     ctx = make_ctx(spec, w)
     streams = {"fsdp_all_gather_buffers": _Fsdp.GATHER_STREAM, "sharded_gradients": _Fsdp.REDUCE_STREAM}
     prog = Program(streams=streams if ctx.shards > 1 else {})
-    weights = load_weights(prog, ctx)
+    weights = load_weights(prog, ctx, whole_first=not meta_init)
     trainable, cast_bytes = weights.trainable, weights.cast_bytes
     h, T, e, r = spec.hidden, ctx.tokens, ctx.dt.act, ctx.dt.resid
     fsdp = _Fsdp(prog, weights.units, ctx.shards) if ctx.shards > 1 else None

@@ -67,7 +67,9 @@ def suggest(w: Workload, capacity_bytes: int, limit: int = 5) -> list[Mitigation
     found = []
     for change, update, note in _candidates(w):
         variant = w.model_copy(update=update)
-        est = estimate(variant, find_max_batch=False)
+        # with the card's size: the variant is sized as it would run there (an FSDP model too large to build whole
+        # on one GPU is taken as initialised on the meta device)
+        est = estimate(variant, capacity_bytes, find_max_batch=False)
         fits = needed_bytes(est.peak_reserved_bytes, variant) <= capacity_bytes
         found.append(Mitigation(change, est.peak_device_bytes, fits, note))
     found.sort(key=lambda m: (not m.fits, m.peak_device_bytes))
