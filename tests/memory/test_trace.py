@@ -120,7 +120,8 @@ def test_traced_max_batch_uses_the_fit_rule_of_the_arithmetic_mode(tiny: str) ->
     from gpuready.memory.trace import trace_estimate, traced_largest_batch
 
     w = make_workload(model=tiny, batch=1, seq=512)
-    need = {b: needed_bytes(trace_estimate(w.model_copy(update={"batch": b})).peak_reserved_bytes, w) for b in (6, 7)}
+    traced = {b: trace_estimate(w.model_copy(update={"batch": b})) for b in (6, 7)}
+    need = {b: needed_bytes(t.peak_reserved_bytes, w, t.largest_request_bytes) for b, t in traced.items()}
     assert need[7] > need[6]
     card = (need[6] + need[7]) // 2
     # from any starting guess the search lands on the largest batch that passes the rule
@@ -128,4 +129,4 @@ def test_traced_max_batch_uses_the_fit_rule_of_the_arithmetic_mode(tiny: str) ->
         assert traced_largest_batch(w, card, guess)[0] == 6
     at = trace_estimate(w, gpu_memory_bytes=card)
     assert at.max_batch == 6
-    assert at.fits is (needed_bytes(at.peak_reserved_bytes, w) <= card)
+    assert at.fits is (needed_bytes(at.peak_reserved_bytes, w, at.largest_request_bytes) <= card)

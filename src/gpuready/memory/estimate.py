@@ -29,12 +29,13 @@ DEVICE_OVERHEAD_INFER_BYTES = 741_146_624
 # two GPUs only; NCCL's buffers grow with the number of peers, so larger jobs may need more.
 DEVICE_OVERHEAD_DISTRIBUTED_BYTES = 1_691_222_016
 
-# `fits` and `max_batch` keep this share of the predicted reserve free. Why: the reserve is predicted within a few
-# percent (docs/accuracy.md: up to 6.9% under on 33 measured jobs), and the caching allocator can fail one large
-# request at a fragmentation cliff although the total would fit (llama-3.2-1b, seq 2048, batch 11 on an emulated
-# 80 GiB card: predicted 77.8 GiB on the device, out of memory when a 10.76 GiB logits block found no cached
-# block; docs/max_batch.md). Lightning's batch-size finder keeps a 5% margin for the same reason
-# (lightning/pytorch/tuner/batch_size_scaling.py).
+# `fits` and `max_batch` keep this share of the predicted reserve free, or room for the job's largest single
+# allocation when that is more. Why: the reserve is predicted within a few percent (docs/accuracy.md), and the
+# caching allocator fails at a fragmentation cliff when one large request finds no cached block although the total
+# would fit. Both misses measured so far were exactly that, the fp32 logits: llama-3.2-1b, seq 2048, batch 11 on an
+# emulated 80 GiB card (a 10.76 GiB block) and llama-3.2-3b, seq 1024, batch 11 at 80 GiB (5.38 GiB; the recorded
+# history shows a sixth logits segment the program did not need; docs/max_batch.md). Lightning's batch-size finder
+# keeps a 5% margin for the same reason (lightning/pytorch/tuner/batch_size_scaling.py).
 FIT_MARGIN = 0.05
 
 
@@ -44,6 +45,7 @@ class _Run:
     peak_reserved: int
     phase_peaks: dict[str, int]
     breakdown: dict[str, int]  # at the peak phase
+    largest_request: int
 
 
 def _run(spec: ModelSpec, w: Workload, meta_init: bool = False) -> _Run:
@@ -57,7 +59,7 @@ def _run(spec: ModelSpec, w: Workload, meta_init: bool = False) -> _Run:
         reserved = replay(prog.events).peak_reserved_bytes
     reserved = max(reserved, prog.peak_allocated + prog.cached_outside_bytes)
     phase = max(prog.phase_peaks, key=lambda p: prog.phase_peaks[p])
-    return _Run(prog.peak_allocated, reserved, dict(prog.phase_peaks), prog.breakdown(phase))
+    return _Run(prog.peak_allocated, reserved, dict(prog.phase_peaks), prog.breakdown(phase), prog.largest_request)
 
 
 def _program(spec: ModelSpec, w: Workload, meta_init: bool = False) -> Program:
@@ -73,7 +75,7 @@ def _program(spec: ModelSpec, w: Workload, meta_init: bool = False) -> Program:
 @functools.lru_cache(maxsize=4096)
 def _core(
     spec: ModelSpec, w: Workload, meta_init: bool = False
-) -> tuple[int, int, str, dict[str, int], dict[str, int]]:
+) -> tuple[int, int, str, dict[str, int], dict[str, int], int]:
     """(peak allocated, peak reserved, phase, breakdown at the peak) for one GPU.
 
     The whole program is simulated at the model's real depth: the allocator's reserve does not grow linearly
@@ -82,7 +84,7 @@ def _core(
     run = _run(spec, w, meta_init)
     phase = max(run.phase_peaks, key=lambda p: run.phase_peaks[p])
     reserved = max(run.peak_reserved, run.peak_allocated)
-    return run.peak_allocated, reserved, phase, run.breakdown, run.phase_peaks
+    return run.peak_allocated, reserved, phase, run.breakdown, run.phase_peaks, run.largest_request
 
 
 def _check_supported(spec: ModelSpec, w: Workload) -> None:
@@ -123,7 +125,7 @@ def estimate(
     spec = spec or resolve_model(workload.model)
     _check_supported(spec, workload)
     meta_init = fsdp_meta_init(spec, workload, gpu_memory_bytes)
-    allocated, reserved, phase, breakdown, phases = _core(spec, workload, meta_init)
+    allocated, reserved, phase, breakdown, phases, largest = _core(spec, workload, meta_init)
     overhead = device_overhead_bytes(workload)
     breakdown = dict(sorted(breakdown.items(), key=lambda kv: -kv[1]))
     result = MemoryEstimate(
@@ -137,11 +139,12 @@ def estimate(
         breakdown=breakdown,
         assumptions=assumptions(spec, workload, meta_init),
         phases=dict(phases),
+        largest_request_bytes=largest,
     )
     if gpu_memory_bytes is None:
         return result
     device = reserved + overhead
-    fits = needed_bytes(reserved, workload) <= gpu_memory_bytes
+    fits = needed_bytes(reserved, workload, largest) <= gpu_memory_bytes
     max_batch = largest_batch(spec, workload, gpu_memory_bytes, meta_init=meta_init) if find_max_batch else None
     mitigations = []
     if not fits and find_max_batch:
@@ -158,13 +161,15 @@ def estimate(
     )
 
 
-def needed_bytes(reserved: int, w: Workload) -> int:
-    """What a card must have for the job to be called a fit: the reserve with its margin, plus the context."""
-    return math.ceil(reserved * (1 + FIT_MARGIN)) + device_overhead_bytes(w)
+def needed_bytes(reserved: int, w: Workload, largest_request: int = 0) -> int:
+    """What a card must have for the job to be called a fit: the reserve, plus 5% of it or room for the largest
+    single allocation (whichever is more), plus the context."""
+    return reserved + max(math.ceil(reserved * FIT_MARGIN), largest_request) + device_overhead_bytes(w)
 
 
 def needed_for_batch(spec: ModelSpec, w: Workload, batch: int, meta_init: bool = False) -> int:
-    return needed_bytes(_core(spec, w.model_copy(update={"batch": batch}), meta_init)[1], w)
+    core = _core(spec, w.model_copy(update={"batch": batch}), meta_init)
+    return needed_bytes(core[1], w, core[5])
 
 
 def fsdp_meta_init(spec: ModelSpec, w: Workload, gpu_memory_bytes: int | None) -> bool:
@@ -205,7 +210,8 @@ def assumptions(spec: ModelSpec, w: Workload, meta_init: bool = False) -> list[s
     out = [
         ("per GPU; " if w.gpus > 1 else "one GPU; ")
         + "PyTorch caching allocator with default settings (expandable_segments off)",
-        f"fits / max batch keep {FIT_MARGIN:.0%} of the predicted reserve free for allocator fragmentation",
+        f"fits / max batch keep {FIT_MARGIN:.0%} of the predicted reserve free, or room for the largest single "
+        "allocation when that is more (allocator fragmentation)",
         f"device overhead (CUDA context + cuBLAS/cuDNN workspaces"
         f"{' + NCCL buffers' if device_overhead_bytes(w) == DEVICE_OVERHEAD_DISTRIBUTED_BYTES else ''}) "
         f"{device_overhead_bytes(w) / 2**20:.0f} MiB, as measured on an H200 with torch 2.11",

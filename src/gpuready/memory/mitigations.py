@@ -62,7 +62,7 @@ def _candidates(w: Workload) -> list[tuple[str, dict[str, Any], str]]:
 
 def suggest(w: Workload, capacity_bytes: int, limit: int = 5) -> list[Mitigation]:
     """Up to `limit` single changes (and two useful pairs), those that fit first, smallest peak first."""
-    from gpuready.memory.estimate import estimate, needed_bytes
+    from gpuready.memory.estimate import estimate
 
     found = []
     for change, update, note in _candidates(w):
@@ -70,7 +70,7 @@ def suggest(w: Workload, capacity_bytes: int, limit: int = 5) -> list[Mitigation
         # with the card's size: the variant is sized as it would run there (an FSDP model too large to build whole
         # on one GPU is taken as initialised on the meta device)
         est = estimate(variant, capacity_bytes, find_max_batch=False)
-        fits = needed_bytes(est.peak_reserved_bytes, variant) <= capacity_bytes
+        fits = bool(est.fits)
         found.append(Mitigation(change, est.peak_device_bytes, fits, note))
     found.sort(key=lambda m: (not m.fits, m.peak_device_bytes))
     return found[:limit]

@@ -35,6 +35,7 @@ class Program:
     streams: dict[str, int] = field(default_factory=dict)
     # a cached segment the replay does not see but that is held at the peak (cuDNN's largest workspace)
     cached_outside_bytes: int = 0
+    largest_request: int = 0  # the largest single allocation after loading (the fit rule keeps room for one)
 
     def set_phase(self, name: str) -> None:
         self.phase = name
@@ -48,6 +49,8 @@ class Program:
         self.categories.append(category)
         self.events.append(size)
         self.allocated += size
+        if size > self.largest_request and self.phase != "load":
+            self.largest_request = size
         if self.allocated > self.phase_peaks.get(self.phase, -1):
             self.phase_peaks[self.phase] = self.allocated
             self.phase_peak_events[self.phase] = len(self.events)

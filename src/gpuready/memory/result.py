@@ -32,6 +32,7 @@ class MemoryEstimate:
     max_batch: int | None = None
     phases: dict[str, int] = field(default_factory=dict)  # phase -> peak allocated in that phase
     mitigations: list[dict[str, Any]] = field(default_factory=list)  # when it does not fit: what would
+    largest_request_bytes: int = 0  # the largest single allocation after loading (the fit rule keeps room for it)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

@@ -284,7 +284,6 @@ def _as_on_cuda(torch: Any, transformers: Any) -> Iterator[None]:
 
 # -- building the model ------------------------------------------------------------------------------------
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "mixed": "float32"}
-_DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def _config_dict(model: str) -> dict[str, Any]:
@@ -321,9 +320,9 @@ def _build_on_meta(torch: Any, transformers: Any, cfg: dict[str, Any], w: Worklo
         if w.method == "lora":
             from peft import LoraConfig, get_peft_model
 
-            targets = list(w.lora_targets or _DEFAULT_LORA_TARGETS)
-            if model_type == "gpt2" and not w.lora_targets:
-                targets = ["c_attn", "c_proj", "c_fc"]
+            from gpuready.memory.lm import default_lora_targets
+
+            targets = list(w.lora_targets or default_lora_targets(resolve_model(w.model)))
             lora = LoraConfig(r=w.lora_r, lora_alpha=32, lora_dropout=0.0, target_modules=targets)
             with torch.device("meta"):
                 model = get_peft_model(model, lora)
@@ -648,6 +647,12 @@ class _Traced:
     reserved: int
     notes: list[str]
     seconds: float
+    largest_request: int  # the largest single allocation after loading
+
+
+def _largest_request(trace: Trace) -> int:
+    start = min((i for i, name in trace.marks if _phase_name(name) != "load"), default=0)
+    return max((ev for ev in trace.events[start:] if ev > 0), default=0)
 
 
 def _traced(workload: Workload) -> _Traced:
@@ -675,26 +680,28 @@ def _traced(workload: Workload) -> _Traced:
         workspace = int(CUDNN_WORKSPACE_PER_LARGEST_MAP * resnet_largest_map_bytes(spec, workload))
         reserved = max(reserved, rep.peak_allocated + workspace)
         notes.append("cuDNN convolution workspace: one cached segment of about six feature maps (measured)")
-    return _Traced(job, rep, reserved, notes, time.perf_counter() - start)
+    return _Traced(job, rep, reserved, notes, time.perf_counter() - start, _largest_request(trace))
 
 
 MAX_TRACED_BATCH = 1 << 16  # the arithmetic mode's search limit too (memory/estimate.py largest_batch)
 
 
 def traced_largest_batch(
-    workload: Workload, gpu_memory_bytes: int, guess: int, known: dict[int, int] | None = None
+    workload: Workload, gpu_memory_bytes: int, guess: int, known: dict[int, tuple[int, int]] | None = None
 ) -> tuple[int, int]:
     """Largest batch whose traced reserve fits the card by the rule the arithmetic mode uses (reserve + 5% +
     context, memory/estimate.py needed_bytes), starting from the arithmetic mode's answer `guess`: usually two
     traces (the guess and the batch above it). Returns (batch, how many batch sizes were traced)."""
     from gpuready.memory.estimate import needed_bytes
 
-    reserves = dict(known or {})
+    reserves = dict(known or {})  # batch -> (reserve, largest single allocation)
 
     def fits(batch: int) -> bool:
         if batch not in reserves:
-            reserves[batch] = _traced(workload.model_copy(update={"batch": batch})).reserved
-        return needed_bytes(reserves[batch], workload) <= gpu_memory_bytes
+            traced = _traced(workload.model_copy(update={"batch": batch}))
+            reserves[batch] = (traced.reserved, traced.largest_request)
+        reserve, largest = reserves[batch]
+        return needed_bytes(reserve, workload, largest) <= gpu_memory_bytes
 
     lo, hi = 0, None  # lo fits (0 always does), hi does not
     batch = max(guess, 1)
@@ -744,14 +751,17 @@ def trace_estimate(
     peak_device = reserved + overhead
     fits = headroom = max_batch = None
     if gpu_memory_bytes is not None:
-        fits = needed_bytes(reserved, workload) <= gpu_memory_bytes
+        fits = needed_bytes(reserved, workload, traced.largest_request) <= gpu_memory_bytes
         headroom = gpu_memory_bytes - peak_device
-        notes.append(f"fits / max batch keep {FIT_MARGIN:.0%} of the traced reserve free, as the arithmetic mode does")
+        notes.append(
+            f"fits / max batch keep {FIT_MARGIN:.0%} of the traced reserve free, or room for the largest single "
+            "allocation when that is more, as the arithmetic mode does"
+        )
         if find_max_batch:
             spec = resolve_model(workload.model)
             guess = largest_batch(spec, workload, gpu_memory_bytes)
             max_batch, traced_sizes = traced_largest_batch(
-                workload, gpu_memory_bytes, guess, {workload.batch: reserved}
+                workload, gpu_memory_bytes, guess, {workload.batch: (reserved, traced.largest_request)}
             )
             notes.append(f"max batch: {traced_sizes} batch sizes traced, starting from the arithmetic answer {guess}")
     assumptions = [
@@ -781,4 +791,5 @@ def trace_estimate(
         headroom_bytes=headroom,
         max_batch=max_batch,
         phases=rep.phases,
+        largest_request_bytes=traced.largest_request,
     )

@@ -66,7 +66,9 @@ def probe_spec(workload: Workload) -> dict[str, Any]:
     config.setdefault("model_type", spec.model_type)
     # LoRA targets: the CONTRACT default is every linear layer of the blocks, named as peft matches them
     # (for llama/qwen/mistral/gemma this is q,k,v,o,gate,up,down_proj as in calibration/README.md)
-    lora_targets = list(dict.fromkeys(lin.name.split(".")[-1] for lin in spec.block_linears))
+    from gpuready.memory.lm import default_lora_targets
+
+    lora_targets = default_lora_targets(spec)
     return {
         "workload": workload.model_dump(mode="json"),
         "kind": spec.kind,
