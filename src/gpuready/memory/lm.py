@@ -201,9 +201,155 @@ def _mlp_width(spec: ModelSpec, layer: int) -> tuple[int, int]:
     return spec.intermediate, 1
 
 
+def _lora_layer_order(ctx: Ctx, layer: int) -> bool:
+    """Whether this layer's forward can follow the LoRA order recorded on the GPU (_lora_block_forward): a plain
+    decoder layer (RMSNorm, separate or fused q/k/v, gated MLP, flash or memory-efficient attention without
+    repeated K/V) trained with 16-bit LoRA."""
+    spec, lins = ctx.spec, {lin.name for lin in ctx.spec.block_linears}
+    attn = {"q_proj", "k_proj", "v_proj"} <= lins or "qkv_proj" in lins
+    mlp = {"gate_proj", "up_proj"} <= lins or "gate_up_proj" in lins
+    expanded = ctx.backend == "efficient" and ctx.mask and spec.kv_heads < spec.heads
+    return (
+        ctx.w.method == "lora"
+        and not ctx.full
+        and not ctx.dt.autocast
+        and spec.norm == "rms"
+        and spec.norms_per_layer == 2
+        and spec.gated_mlp
+        and not spec.mla
+        and not spec.shared_intermediate
+        and not (spec.experts and layer >= spec.dense_layers)
+        and spec.model_type not in ("gpt2", "gemma2")
+        and ctx.backend in ("flash", "efficient")
+        and not expanded
+        and attn
+        and mlp
+        and "o_proj" in lins
+        and "down_proj" in lins
+    )
+
+
+def _lora_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved]:
+    """A plain decoder layer's forward under LoRA, in the order the recorded H200 history of llama-3.1-8b LoRA
+    (docs/calibration/histories/lora_llama8b_b1.json.gz) shows, per linear as peft's lora.Linear.forward runs it:
+    the base output; x cast to fp32 (kept by lora_A); lora_A's output (kept by lora_B); lora_B's output, times the
+    scaling, plus the base output, in fp32, each freeing the one before; the sum cast back (the linear's output).
+    Attention keeps the RoPE'd q and k, v (the v projection's own output, or the whole fused qkv output it is a
+    view of), its output and log-sum-exp; the norm's output lives until the attention or MLP returns."""
+    spec, dt, T = ctx.spec, ctx.dt, ctx.tokens
+    h, a, kv, d = spec.hidden, spec.heads, spec.kv_heads, spec.head_dim
+    e, r, rank = dt.act, dt.resid, ctx.w.lora_r
+    saved: list[Saved] = []
+    temps: list[int] = []
+    lins = {lin.name for lin in spec.block_linears}
+
+    def alloc(nbytes: int) -> int:
+        return prog.alloc("activations", nbytes)
+
+    def save_handle(handle: int, grad: int = 0, transient: tuple[int, ...] = ()) -> None:
+        if keep:
+            saved.append(Saved(handle, grad, (), transient))
+        else:
+            temps.append(handle)
+
+    def save(nbytes: int, grad: int = 0, transient: tuple[int, ...] = ()) -> None:
+        save_handle(alloc(nbytes), grad, transient)
+
+    def norm() -> int:
+        save(T * h * 4, T * h * e, (T * h * 4,) * 3)  # x.to(fp32), kept by pow
+        prog.free(alloc(T * h * 4))  # x ** 2
+        y32 = alloc(T * h * 4)  # x * rsqrt
+        yb = alloc(T * h * r)  # .to(dtype)
+        out = alloc(T * h * r)  # weight * y
+        prog.free(y32)
+        prog.free(yb)
+        return out
+
+    def project(name: str, width: int, out: int) -> int:
+        """The linear's output handle (T x out in the activation dtype)."""
+        if name not in ctx.lora:
+            return alloc(T * out * e)
+        base = alloc(T * out * e)
+        save(T * width * 4, 0, (T * out * 4, T * width * 4))  # x in fp32, kept by lora_A
+        save(T * rank * 4)  # lora_A's output, kept by lora_B
+        b = alloc(T * out * 4)
+        scaled = alloc(T * out * 4)
+        prog.free(b)
+        total = alloc(T * out * 4)
+        prog.free(scaled)
+        prog.free(base)
+        res = alloc(T * out * e)
+        prog.free(total)
+        return res
+
+    def rope(width: int) -> int:
+        # q*cos, -x2, cat, rotate_half(q)*sin, the sum (the new q, kept by attention)
+        a_ = alloc(T * width * e)
+        n_ = alloc(T * width * e // 2)
+        c_ = alloc(T * width * e)
+        prog.free(n_)
+        b_ = alloc(T * width * e)
+        prog.free(c_)
+        new = alloc(T * width * e)
+        prog.free(a_)
+        prog.free(b_)
+        return new
+
+    q_w, kv_w = a * d, kv * d
+    normed = norm()
+    if "qkv_proj" in lins:
+        q_out = k_out = 0  # q, k and v are views of the fused output
+        v_out = project("qkv_proj", h, q_w + 2 * kv_w)
+    else:
+        q_out = project("q_proj", h, q_w)
+        k_out = project("k_proj", h, kv_w)
+        v_out = project("v_proj", h, kv_w)
+    if spec.qk_norm:
+        save(T * (q_w + kv_w) * 4, T * (q_w + kv_w) * e)
+    q_new = rope(q_w)
+    prog.free(q_out)
+    k_new = rope(kv_w)
+    prog.free(k_out)
+    save_handle(q_new, T * q_w * e)
+    save_handle(k_new, T * kv_w * e)
+    save_handle(v_out, T * kv_w * e)  # v, or the fused qkv output it is a view of
+    save(T * q_w * e)  # attention output, kept by the kernel's backward
+    save(T * a * 4)  # log-sum-exp, fp32
+    o_out = project("o_proj", q_w, h)
+    prog.free(normed)
+    resid = alloc(T * h * r)  # residual + attention output
+    prog.free(o_out)
+    # --- MLP
+    normed = norm()
+    width = spec.intermediate
+    if "gate_up_proj" in lins:
+        gate_up = project("gate_up_proj", h, 2 * width)
+        save_handle(gate_up, T * width * e)  # gate and up are views of it: kept by the activation and the product
+        save(T * width * e, T * width * e, (T * width * e,))  # activation output, kept by the product
+    else:
+        gate = project("gate_proj", h, width)
+        save_handle(gate, T * width * e)  # kept by the activation
+        save(T * width * e, T * width * e)  # activation output, kept by the product
+        up = project("up_proj", h, width)
+        save_handle(up, T * width * e, (T * width * e,))  # kept by the product
+    prod = alloc(T * width * e)  # down_proj's input
+    down_out = project("down_proj", width, h)
+    prog.free(prod)
+    prog.free(normed)
+    out = alloc(T * h * r)  # the layer's output, residual + MLP output
+    prog.free(down_out)
+    prog.free(resid)
+    prog.free(out)  # the caller's residual stream is modelled outside the layer
+    for handle in temps:
+        prog.free(handle)
+    return saved
+
+
 def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved]:
     """One decoder layer's forward over ctx.tokens tokens. With keep=False (no_grad, or recomputed later by
     checkpointing) nothing is saved and only the transient peak is simulated."""
+    if _lora_layer_order(ctx, layer):
+        return _lora_block_forward(prog, ctx, layer, keep)
     spec, dt, T = ctx.spec, ctx.dt, ctx.tokens
     h, a, kv, d = spec.hidden, spec.heads, spec.kv_heads, spec.head_dim
     e, r = dt.act, dt.resid
