@@ -201,17 +201,17 @@ def _mlp_width(spec: ModelSpec, layer: int) -> tuple[int, int]:
     return spec.intermediate, 1
 
 
-def _lora_layer_order(ctx: Ctx, layer: int) -> bool:
-    """Whether this layer's forward can follow the LoRA order recorded on the GPU (_lora_block_forward): a plain
+def _recorded_layer_order(ctx: Ctx, layer: int) -> bool:
+    """Whether this layer's forward can follow the order recorded on the GPU (_plain_block_forward): a plain
     decoder layer (RMSNorm, separate or fused q/k/v, gated MLP, flash or memory-efficient attention without
-    repeated K/V) trained with 16-bit LoRA."""
+    repeated K/V) trained in 16 bits, full or LoRA."""
     spec, lins = ctx.spec, {lin.name for lin in ctx.spec.block_linears}
     attn = {"q_proj", "k_proj", "v_proj"} <= lins or "qkv_proj" in lins
     mlp = {"gate_proj", "up_proj"} <= lins or "gate_up_proj" in lins
     expanded = ctx.backend == "efficient" and ctx.mask and spec.kv_heads < spec.heads
     return (
-        ctx.w.method == "lora"
-        and not ctx.full
+        ctx.w.method in ("lora", "full")
+        and ctx.dt.act == 2
         and not ctx.dt.autocast
         and spec.norm == "rms"
         and spec.norms_per_layer == 2
@@ -229,9 +229,11 @@ def _lora_layer_order(ctx: Ctx, layer: int) -> bool:
     )
 
 
-def _lora_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved]:
-    """A plain decoder layer's forward under LoRA, in the order the recorded H200 history of llama-3.1-8b LoRA
-    (docs/calibration/histories/lora_llama8b_b1.json.gz) shows, per linear as peft's lora.Linear.forward runs it:
+def _plain_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved]:
+    """A plain decoder layer's forward in 16 bits, in the order the recorded H200 histories show it
+    (docs/calibration/histories: lora_llama8b_b1 for LoRA, ft_qwen15_bf16 for full fine-tuning). Under full
+    fine-tuning the norm outputs, the attention output and the MLP product are kept for the weight gradients. Under
+    LoRA, per adapted linear as peft's lora.Linear.forward runs it:
     the base output; x cast to fp32 (kept by lora_A); lora_A's output (kept by lora_B); lora_B's output, times the
     scaling, plus the base output, in fp32, each freeing the one before; the sum cast back (the linear's output).
     Attention keeps the RoPE'd q and k, v (the v projection's own output, or the whole fused qkv output it is a
@@ -239,9 +241,11 @@ def _lora_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list
     spec, dt, T = ctx.spec, ctx.dt, ctx.tokens
     h, a, kv, d = spec.hidden, spec.heads, spec.kv_heads, spec.head_dim
     e, r, rank = dt.act, dt.resid, ctx.w.lora_r
+    full = ctx.full
     saved: list[Saved] = []
     temps: list[int] = []
-    lins = {lin.name for lin in spec.block_linears}
+    all_lins = {lin.name: lin for lin in spec.block_linears}
+    lins = set(all_lins)
 
     def alloc(nbytes: int) -> int:
         return prog.alloc("activations", nbytes)
@@ -256,17 +260,32 @@ def _lora_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list
         save_handle(alloc(nbytes), grad, transient)
 
     def norm() -> int:
+        """The norm's output handle: a temporary under LoRA; under full fine-tuning it is kept (by the
+        projections that read it, whose weights train) and 0 is returned."""
         save(T * h * 4, T * h * e, (T * h * 4,) * 3)  # x.to(fp32), kept by pow
         prog.free(alloc(T * h * 4))  # x ** 2
         y32 = alloc(T * h * 4)  # x * rsqrt
+        if full:
+            save(T * h * r)  # .to(dtype), kept by weight * y since the weight trains
+            save(T * h * r)  # weight * y, kept by the projections
+            prog.free(y32)
+            return 0
         yb = alloc(T * h * r)  # .to(dtype)
         out = alloc(T * h * r)  # weight * y
         prog.free(y32)
         prog.free(yb)
         return out
 
+    def weight_grad(name: str) -> None:
+        """Full fine-tuning: the node where backward makes this linear's weight gradient (its input is kept
+        elsewhere: the norm output, the attention output, the MLP product)."""
+        if full and keep:
+            lin = all_lins[name]
+            saved.append(Saved(NOTHING_KEPT, 0, (lin.in_features * lin.out_features * lin.count * dt.param,)))
+
     def project(name: str, width: int, out: int) -> int:
         """The linear's output handle (T x out in the activation dtype)."""
+        weight_grad(name)
         if name not in ctx.lora:
             return alloc(T * out * e)
         base = alloc(T * out * e)
@@ -316,7 +335,8 @@ def _lora_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list
     save(T * q_w * e)  # attention output, kept by the kernel's backward
     save(T * a * 4)  # log-sum-exp, fp32
     o_out = project("o_proj", q_w, h)
-    prog.free(normed)
+    if normed:
+        prog.free(normed)
     resid = alloc(T * h * r)  # residual + attention output
     prog.free(o_out)
     # --- MLP
@@ -332,10 +352,16 @@ def _lora_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list
         save(T * width * e, T * width * e)  # activation output, kept by the product
         up = project("up_proj", h, width)
         save_handle(up, T * width * e, (T * width * e,))  # kept by the product
-    prod = alloc(T * width * e)  # down_proj's input
+    if full:
+        prod = 0
+        save(T * width * e)  # down_proj's input, kept for its weight gradient
+    else:
+        prod = alloc(T * width * e)  # down_proj's input
     down_out = project("down_proj", width, h)
-    prog.free(prod)
-    prog.free(normed)
+    if prod:
+        prog.free(prod)
+    if normed:
+        prog.free(normed)
     out = alloc(T * h * r)  # the layer's output, residual + MLP output
     prog.free(down_out)
     prog.free(resid)
@@ -348,8 +374,8 @@ def _lora_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list
 def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved]:
     """One decoder layer's forward over ctx.tokens tokens. With keep=False (no_grad, or recomputed later by
     checkpointing) nothing is saved and only the transient peak is simulated."""
-    if _lora_layer_order(ctx, layer):
-        return _lora_block_forward(prog, ctx, layer, keep)
+    if _recorded_layer_order(ctx, layer):
+        return _plain_block_forward(prog, ctx, layer, keep)
     spec, dt, T = ctx.spec, ctx.dt, ctx.tokens
     h, a, kv, d = spec.hidden, spec.heads, spec.kv_heads, spec.head_dim
     e, r = dt.act, dt.resid
