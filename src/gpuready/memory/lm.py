@@ -211,7 +211,7 @@ def _recorded_layer_order(ctx: Ctx, layer: int) -> bool:
     expanded = ctx.backend == "efficient" and ctx.mask and spec.kv_heads < spec.heads
     return (
         ctx.w.method in ("lora", "full")
-        and ctx.dt.act == 2
+        and (ctx.dt.act == 2 or (ctx.dt.act == 4 and ctx.full))
         and not ctx.dt.autocast
         and spec.norm == "rms"
         and spec.norms_per_layer == 2
@@ -220,7 +220,7 @@ def _recorded_layer_order(ctx: Ctx, layer: int) -> bool:
         and not spec.shared_intermediate
         and not (spec.experts and layer >= spec.dense_layers)
         and spec.model_type not in ("gpt2", "gemma2")
-        and ctx.backend in ("flash", "efficient")
+        and (ctx.backend in ("flash", "efficient") or (ctx.backend == "math" and ctx.dt.act == 4))
         and not expanded
         and attn
         and mlp
@@ -242,6 +242,7 @@ def _plain_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> lis
     h, a, kv, d = spec.hidden, spec.heads, spec.kv_heads, spec.head_dim
     e, r, rank = dt.act, dt.resid, ctx.w.lora_r
     full = ctx.full
+    fp32 = e == 4
     saved: list[Saved] = []
     temps: list[int] = []
     all_lins = {lin.name: lin for lin in spec.block_linears}
@@ -262,6 +263,12 @@ def _plain_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> lis
     def norm() -> int:
         """The norm's output handle: a temporary under LoRA; under full fine-tuning it is kept (by the
         projections that read it, whose weights train) and 0 is returned."""
+        if fp32:
+            # x.to(fp32) is x itself (the residual stream, kept by pow: see `stream` below)
+            prog.free(alloc(T * h * 4))  # x ** 2
+            save(T * h * 4, T * h * e, (T * h * 4,) * 3)  # x * rsqrt, kept by weight * y
+            save(T * h * 4)  # weight * y, kept by the projections
+            return 0
         save(T * h * 4, T * h * e, (T * h * 4,) * 3)  # x.to(fp32), kept by pow
         prog.free(alloc(T * h * 4))  # x ** 2
         y32 = alloc(T * h * 4)  # x * rsqrt
@@ -329,15 +336,42 @@ def _plain_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> lis
     prog.free(q_out)
     k_new = rope(kv_w)
     prog.free(k_out)
-    save_handle(q_new, T * q_w * e)
-    save_handle(k_new, T * kv_w * e)
-    save_handle(v_out, T * kv_w * e)  # v, or the fused qkv output it is a view of
-    save(T * q_w * e)  # attention output, kept by the kernel's backward
-    save(T * a * 4)  # log-sum-exp, fp32
-    o_out = project("o_proj", q_w, h)
+    if ctx.backend == "math":
+        # _scaled_dot_product_attention_math in fp32 with grouped-query heads, as the recorded history of
+        # ft_qwen2.5-0.5b fp32 shows it: q scaled (a temporary), then q scaled, k repeated and scaled, v repeated
+        # (kept); the scores (masked in place), the softmax (kept), _safe_softmax's byte mask; attn @ v, and its
+        # contiguous copy (kept, o_proj's input). The RoPE'd q and k and the projected v go after o_proj.
+        S = ctx.w.seq
+        scores = T * a * S
+        tq = alloc(T * q_w * e)
+        save(T * q_w * e, T * q_w * e)
+        save(T * q_w * e, T * q_w * e)
+        save(T * q_w * e)
+        t = alloc(scores * e)
+        save(scores * e, scores * e)
+        prog.free(alloc(scores))
+        prog.free(t)
+        av = alloc(T * q_w * e)
+        prog.free(tq)
+        save(T * q_w * e)
+        prog.free(av)
+        o_out = project("o_proj", q_w, h)
+        prog.free(q_new)
+        prog.free(k_new)
+        prog.free(v_out)
+    else:
+        save_handle(q_new, T * q_w * e)
+        save_handle(k_new, T * kv_w * e)
+        save_handle(v_out, T * kv_w * e)  # v, or the fused qkv output it is a view of
+        save(T * q_w * e)  # attention output, kept by the kernel's backward
+        save(T * a * 4)  # log-sum-exp, fp32
+        o_out = project("o_proj", q_w, h)
     if normed:
         prog.free(normed)
-    resid = alloc(T * h * r)  # residual + attention output
+    # residual + attention output; in fp32 the next norm's pow keeps it (no copy to fp32 is made)
+    resid = alloc(T * h * r)
+    if fp32:
+        save_handle(resid)
     prog.free(o_out)
     # --- MLP
     normed = norm()
@@ -364,8 +398,11 @@ def _plain_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> lis
         prog.free(normed)
     out = alloc(T * h * r)  # the layer's output, residual + MLP output
     prog.free(down_out)
-    prog.free(resid)
-    prog.free(out)  # the caller's residual stream is modelled outside the layer
+    if fp32:
+        save_handle(out)  # kept by the next layer's norm (its pow), like resid above
+    else:
+        prog.free(resid)
+        prog.free(out)  # the caller's residual stream is modelled outside the layer
     for handle in temps:
         prog.free(handle)
     return saved
