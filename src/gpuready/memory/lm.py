@@ -321,6 +321,23 @@ def _plain_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> lis
         prog.free(b_)
         return new
 
+    def head_norm(width: int, src: int) -> int:
+        """Qwen3's q_norm / k_norm (RMSNorm over each head) on a projection's output, which it frees: x.to(fp32)
+        kept, pow, x * rsqrt, .to(dtype) (kept when the weight trains), weight * y (RoPE's input)."""
+        save(T * width * 4, T * width * e, (T * width * 4,) * 3)
+        prog.free(alloc(T * width * 4))
+        y32 = alloc(T * width * 4)
+        if full:
+            save(T * width * e)
+            out = alloc(T * width * e)
+        else:
+            yb = alloc(T * width * e)
+            out = alloc(T * width * e)
+            prog.free(yb)
+        prog.free(y32)
+        prog.free(src)
+        return out
+
     q_w, kv_w = a * d, kv * d
     normed = norm()
     if "qkv_proj" in lins:
@@ -328,10 +345,12 @@ def _plain_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> lis
         v_out = project("qkv_proj", h, q_w + 2 * kv_w)
     else:
         q_out = project("q_proj", h, q_w)
+        if spec.qk_norm:
+            q_out = head_norm(q_w, q_out)
         k_out = project("k_proj", h, kv_w)
+        if spec.qk_norm:
+            k_out = head_norm(kv_w, k_out)
         v_out = project("v_proj", h, kv_w)
-    if spec.qk_norm:
-        save(T * (q_w + kv_w) * 4, T * (q_w + kv_w) * e)
     q_new = rope(q_w)
     prog.free(q_out)
     k_new = rope(kv_w)
