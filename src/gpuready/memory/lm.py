@@ -427,11 +427,88 @@ def _plain_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> lis
     return saved
 
 
+def _gpt2_block_forward(prog: Program, ctx: Ctx, keep: bool) -> list[Saved]:
+    """GPT-2's block under full fine-tuning without autocast, in the order the recorded H200 history of
+    gpt2-medium fp16 (docs/calibration/histories/ft_gpt2m_fp16.json.gz) shows: ln_1's output (kept by c_attn);
+    c_attn's packed q/k/v (kept whole: attention keeps views of it); the attention output (kept by its backward
+    and by c_proj); c_proj's output, resid_dropout's one-byte mask (kept) and output; the residual (kept by ln_2);
+    then ln_2, c_fc (kept), gelu_new written out in Python (0.5*x, tanh and 1+tanh kept, the product kept by the
+    second c_proj; x**3 and the sums between are temporaries), the second c_proj and dropout, and the residual
+    (kept by the next block's ln_1). LayerNorm keeps its input: the residuals above."""
+    spec, dt, T = ctx.spec, ctx.dt, ctx.tokens
+    h, e, r, width = spec.hidden, dt.act, dt.resid, spec.intermediate
+    saved: list[Saved] = []
+    temps: list[int] = []
+    lins = {lin.name: lin for lin in spec.block_linears}
+
+    def alloc(nbytes: int) -> int:
+        return prog.alloc("activations", nbytes)
+
+    def save(nbytes: int, grad: int = 0) -> None:
+        handle = alloc(nbytes)
+        if keep:
+            saved.append(Saved(handle, grad))
+        else:
+            temps.append(handle)
+
+    def weight_grad(name: str) -> None:
+        if keep:
+            lin = lins[name]
+            saved.append(Saved(NOTHING_KEPT, 0, (lin.in_features * lin.out_features * dt.param,)))
+
+    def proj_dropout(name: str) -> int:
+        """c_proj's output through dropout: the mask is kept, the output returned."""
+        weight_grad(name)
+        out = alloc(T * h * e)
+        save(T * h)  # dropout's mask, one byte per element
+        dropped = alloc(T * h * e)
+        prog.free(out)
+        return dropped
+
+    save(T * h * e, T * h * e)  # ln_1 output
+    weight_grad("c_attn")
+    save(T * 3 * h * e, T * 3 * h * e)  # packed q, k, v
+    save(T * h * e, T * h * e)  # attention output
+    save(T * spec.heads * 4)  # log-sum-exp
+    attn_drop = proj_dropout("c_proj")
+    save(T * h * r, T * h * e)  # residual, kept by ln_2
+    save(T * h * e, T * h * e)  # ln_2 output
+    weight_grad("c_fc")
+    save(T * width * e, T * width * e)  # c_fc output, gelu_new's input
+    save(T * width * e, T * width * e)  # 0.5 * x
+    cube = alloc(T * width * e)  # x ** 3
+    t = alloc(T * width * e)  # 0.044715 * x**3
+    prog.free(cube)
+    for _ in range(2):  # x + ..., sqrt(2/pi) * (...)
+        t2 = alloc(T * width * e)
+        prog.free(t)
+        t = t2
+    save(T * width * e, T * width * e)  # tanh(...), kept by its backward
+    prog.free(t)
+    save(T * width * e, T * width * e)  # 1 + tanh(...)
+    save(T * width * e, T * width * e)  # the product, the second c_proj's input
+    mlp_drop = proj_dropout("mlp.c_proj")
+    save(T * h * r, T * h * e)  # residual, kept by the next block's ln_1
+    prog.free(attn_drop)
+    prog.free(mlp_drop)
+    for handle in temps:
+        prog.free(handle)
+    return saved
+
+
 def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved]:
     """One decoder layer's forward over ctx.tokens tokens. With keep=False (no_grad, or recomputed later by
     checkpointing) nothing is saved and only the transient peak is simulated."""
     if _recorded_layer_order(ctx, layer):
         return _plain_block_forward(prog, ctx, layer, keep)
+    if (
+        ctx.spec.model_type == "gpt2"
+        and ctx.full
+        and not ctx.dt.autocast
+        and ctx.backend in ("flash", "efficient")
+        and ctx.w.task == "train"
+    ):
+        return _gpt2_block_forward(prog, ctx, keep)
     spec, dt, T = ctx.spec, ctx.dt, ctx.tokens
     h, a, kv, d = spec.hidden, spec.heads, spec.kv_heads, spec.head_dim
     e, r = dt.act, dt.resid
