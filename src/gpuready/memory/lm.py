@@ -230,10 +230,11 @@ def _recorded_layer_order(ctx: Ctx, layer: int) -> bool:
 
 
 def _plain_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved]:
-    """A plain decoder layer's forward in 16 bits, in the order the recorded H200 histories show it
-    (docs/calibration/histories: lora_llama8b_b1 for LoRA, ft_qwen15_bf16 for full fine-tuning). Under full
-    fine-tuning the norm outputs, the attention output and the MLP product are kept for the weight gradients. Under
-    LoRA, per adapted linear as peft's lora.Linear.forward runs it:
+    """A plain decoder layer's forward (16-bit full or LoRA, fp32 full) in the order the recorded H200 histories
+    show it (docs/calibration/histories: lora_llama8b_b1 for LoRA, ft_qwen15_bf16 for 16-bit and ft_qwen05_fp32
+    for fp32 full fine-tuning). Under full fine-tuning the norm outputs, the attention output and the MLP product
+    are kept for the weight gradients; in fp32 the residual stream is kept too (the next norm's pow keeps its input,
+    no fp32 copy being made). Under LoRA, per adapted linear as peft's lora.Linear.forward runs it:
     the base output; x cast to fp32 (kept by lora_A); lora_A's output (kept by lora_B); lora_B's output, times the
     scaling, plus the base output, in fp32, each freeing the one before; the sum cast back (the linear's output).
     Attention keeps the RoPE'd q and k, v (the v projection's own output, or the whole fused qkv output it is a
@@ -264,7 +265,7 @@ def _plain_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> lis
         """The norm's output handle: a temporary under LoRA; under full fine-tuning it is kept (by the
         projections that read it, whose weights train) and 0 is returned."""
         if fp32:
-            # x.to(fp32) is x itself (the residual stream, kept by pow: see `stream` below)
+            # x.to(fp32) is x itself: the residual stream, kept by pow (the residual adds below are saved)
             prog.free(alloc(T * h * 4))  # x ** 2
             save(T * h * 4, T * h * e, (T * h * 4,) * 3)  # x * rsqrt, kept by weight * y
             save(T * h * 4)  # weight * y, kept by the projections
