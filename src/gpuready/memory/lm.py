@@ -203,8 +203,8 @@ def _mlp_width(spec: ModelSpec, layer: int) -> tuple[int, int]:
 
 def _recorded_layer_order(ctx: Ctx, layer: int) -> bool:
     """Whether this layer's forward can follow the order recorded on the GPU (_plain_block_forward): a plain
-    decoder layer (RMSNorm, separate or fused q/k/v, gated MLP, flash or memory-efficient attention without
-    repeated K/V) trained in 16 bits, full or LoRA."""
+    decoder layer (RMSNorm, separate or fused q/k/v, gated MLP, flash, memory-efficient or fp32 math attention
+    without repeated K/V) trained in 16 bits (full or LoRA) or fp32 (full); Gemma-2's four norms under LoRA."""
     spec, lins = ctx.spec, {lin.name for lin in ctx.spec.block_linears}
     attn = {"q_proj", "k_proj", "v_proj"} <= lins or "qkv_proj" in lins
     mlp = {"gate_proj", "up_proj"} <= lins or "gate_up_proj" in lins
@@ -214,12 +214,14 @@ def _recorded_layer_order(ctx: Ctx, layer: int) -> bool:
         and (ctx.dt.act == 2 or (ctx.dt.act == 4 and ctx.full))
         and not ctx.dt.autocast
         and spec.norm == "rms"
-        and spec.norms_per_layer == 2
+        and (spec.norms_per_layer == 2 or (spec.model_type == "gemma2" and spec.norms_per_layer == 4))
         and spec.gated_mlp
         and not spec.mla
         and not spec.shared_intermediate
         and not (spec.experts and layer >= spec.dense_layers)
-        and spec.model_type not in ("gpt2", "gemma2")
+        and spec.model_type != "gpt2"
+        # Gemma-2: its norms' order was recorded under LoRA only (full fine-tuning keeps the coarser program)
+        and not (spec.model_type == "gemma2" and (ctx.dt.act == 4 or ctx.full))
         and (ctx.backend in ("flash", "efficient") or (ctx.backend == "math" and ctx.dt.act == 4))
         and not expanded
         and attn
@@ -284,6 +286,21 @@ def _plain_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> lis
         prog.free(yb)
         return out
 
+    def gemma_norm(src: int = 0) -> int:
+        """Gemma2RMSNorm under LoRA as the recorded history of gemma-2-2b LoRA shows it: x.float() (kept by pow),
+        pow, x * rsqrt, * (1 + weight) in fp32, .type_as(x) (the output). Frees `src` (a projection's output) once
+        its copy is made."""
+        save(T * h * 4, T * h * e, (T * h * 4,) * 3)
+        if src:
+            prog.free(src)
+        prog.free(alloc(T * h * 4))
+        xr = alloc(T * h * 4)
+        scaled = alloc(T * h * 4)
+        prog.free(xr)
+        out = alloc(T * h * e)
+        prog.free(scaled)
+        return out
+
     def weight_grad(name: str) -> None:
         """Full fine-tuning: the node where backward makes this linear's weight gradient (its input is kept
         elsewhere: the norm output, the attention output, the MLP product)."""
@@ -340,7 +357,8 @@ def _plain_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> lis
         return out
 
     q_w, kv_w = a * d, kv * d
-    normed = norm()
+    gemma = spec.model_type == "gemma2"
+    normed = gemma_norm() if gemma else norm()
     if "qkv_proj" in lins:
         q_out = k_out = 0  # q, k and v are views of the fused output
         v_out = project("qkv_proj", h, q_w + 2 * kv_w)
@@ -388,13 +406,15 @@ def _plain_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> lis
         o_out = project("o_proj", q_w, h)
     if normed:
         prog.free(normed)
+    if gemma:
+        o_out = gemma_norm(o_out)  # post-attention norm on the attention output
     # residual + attention output; in fp32 the next norm's pow keeps it (no copy to fp32 is made)
     resid = alloc(T * h * r)
     if fp32:
         save_handle(resid)
     prog.free(o_out)
     # --- MLP
-    normed = norm()
+    normed = gemma_norm() if gemma else norm()
     width = spec.intermediate
     if "gate_up_proj" in lins:
         gate_up = project("gate_up_proj", h, 2 * width)
@@ -416,6 +436,8 @@ def _plain_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> lis
         prog.free(prod)
     if normed:
         prog.free(normed)
+    if gemma:
+        down_out = gemma_norm(down_out)  # post-feedforward norm
     out = alloc(T * h * r)  # the layer's output, residual + MLP output
     prog.free(down_out)
     if fp32:
