@@ -133,3 +133,50 @@ def test_emulating_a_smaller_card_caps_the_allocator_below_its_size() -> None:
     result = api.trial_probe(w, emulate_gpu_bytes=24 * 2**30, predictor=None, run=fake_run)
     assert seen and seen[0]["memory_cap_bytes"] == 24 * 2**30 - device_overhead_bytes(w)
     assert result.points[0].status == "oom"
+
+
+def test_memory_history_is_written_compactly_and_replays(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe's GPUREADY_PROBE_MEMORY_HISTORY output (with a fake torch.cuda.memory) is what
+    gpuready.memory.history replays: actions, addresses, sizes, streams and interned frames."""
+    from gpuready.memory.history import load_history, replay_history
+    from gpuready.trial import probe
+
+    frame = {"filename": "/x/modeling_llama.py", "line": 64, "name": "forward"}
+    trace = [
+        {"action": "segment_alloc", "addr": 4096, "size": 20 * 2**20, "stream": 0, "frames": []},
+        {"action": "alloc", "addr": 4096, "size": 3 * 2**20, "stream": 0, "frames": [frame]},
+        {"action": "free_requested", "addr": 4096, "size": 3 * 2**20, "stream": 0, "frames": [frame]},
+        {"action": "free_completed", "addr": 4096, "size": 3 * 2**20, "stream": 0, "frames": [frame]},
+    ]
+    calls: list[object] = []
+
+    class _Memory:
+        @staticmethod
+        def _snapshot() -> dict[str, object]:
+            return {"device_traces": [trace], "segments": []}
+
+        @staticmethod
+        def _record_memory_history(**kwargs: object) -> None:
+            calls.append(kwargs)
+
+    class _Cuda:
+        memory = _Memory()
+
+        @staticmethod
+        def current_device() -> int:
+            return 0
+
+    class _Torch:
+        cuda = _Cuda()
+
+    monkeypatch.delenv("RANK", raising=False)
+    out = tmp_path / "h.json"
+    result = {"peak_reserved_bytes": 20 * 2**20, "peak_allocated_bytes": 3 * 2**20}
+    probe._write_history(_Torch(), result, str(out))
+    assert calls == [{"enabled": None}]  # recording stopped once written
+    assert result["memory_history"] == str(out)
+    doc = load_history(out)
+    assert doc["frames"][doc["events"][1][4]] == "forward@modeling_llama.py:64"
+    replayed = replay_history(doc, "gpu")
+    assert replayed.model_peak_reserved_bytes == 20 * 2**20
+    assert replayed.trace_peak_allocated_bytes == 3 * 2**20
