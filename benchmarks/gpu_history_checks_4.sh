@@ -18,6 +18,6 @@ rec 1 ft_qwen3b_mixed qwen2.5-3b --task train --batch 2 --seq 1024 --precision m
 rec 1 ft_gemma2b_bf16 gemma-2-2b --task train --batch 2 --seq 1024 --precision bf16
 ) &
 wait
-python3 benchmarks/allocator_check.py --table $h/ft_*.json
+python3 benchmarks/allocator_check.py --table $(ls $h/ft_*.json | grep -v result)
 (cd $h && tar czf $out/hist5.tgz ft_*.json)
 ls -la $out

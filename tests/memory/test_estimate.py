@@ -356,7 +356,7 @@ def test_recorded_layer_order_covers_the_plain_decoders_it_was_recorded_for() ->
     assert plain(model="phi-3-mini", method="lora")  # fused qkv / gate_up
     assert plain(model="qwen3-4b")  # per-head norms
     assert not plain(model="llama-3.2-1b", precision="mixed")  # autocast: the coarser program
-    assert not plain(model="gemma-2-2b")  # full: its norms were recorded under LoRA only
+    assert plain(model="gemma-2-2b")  # four norms, recorded under full fine-tuning and LoRA
     assert plain(model="gemma-2-2b", method="lora")
     assert not plain(model="llama-3.1-8b", attn="eager")
     assert not plain(model="gpt2")  # GPT-2 has its own recorded block

@@ -204,7 +204,7 @@ def _mlp_width(spec: ModelSpec, layer: int) -> tuple[int, int]:
 def _recorded_layer_order(ctx: Ctx, layer: int) -> bool:
     """Whether this layer's forward can follow the order recorded on the GPU (_plain_block_forward): a plain
     decoder layer (RMSNorm, separate or fused q/k/v, gated MLP, flash, memory-efficient or fp32 math attention
-    without repeated K/V) trained in 16 bits (full or LoRA) or fp32 (full); Gemma-2's four norms under LoRA."""
+    without repeated K/V) trained in 16 bits (full or LoRA) or fp32 (full); Gemma-2's four norms in 16 bits."""
     spec, lins = ctx.spec, {lin.name for lin in ctx.spec.block_linears}
     attn = {"q_proj", "k_proj", "v_proj"} <= lins or "qkv_proj" in lins
     mlp = {"gate_proj", "up_proj"} <= lins or "gate_up_proj" in lins
@@ -220,8 +220,7 @@ def _recorded_layer_order(ctx: Ctx, layer: int) -> bool:
         and not spec.shared_intermediate
         and not (spec.experts and layer >= spec.dense_layers)
         and spec.model_type != "gpt2"
-        # Gemma-2: its norms' order was recorded under LoRA only (full fine-tuning keeps the coarser program)
-        and not (spec.model_type == "gemma2" and (ctx.dt.act == 4 or ctx.full))
+        and not (spec.model_type == "gemma2" and ctx.dt.act == 4)
         and (ctx.backend in ("flash", "efficient") or (ctx.backend == "math" and ctx.dt.act == 4))
         and not expanded
         and attn
@@ -286,19 +285,29 @@ def _plain_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> lis
         prog.free(yb)
         return out
 
-    def gemma_norm(src: int = 0) -> int:
-        """Gemma2RMSNorm under LoRA as the recorded history of gemma-2-2b LoRA shows it: x.float() (kept by pow),
-        pow, x * rsqrt, * (1 + weight) in fp32, .type_as(x) (the output). Frees `src` (a projection's output) once
-        its copy is made."""
+    def gemma_norm(src: int = 0, feeds_linears: bool = False) -> int:
+        """Gemma2RMSNorm as the recorded histories of gemma-2-2b (LoRA and full fine-tuning) show it: x.float()
+        (kept by pow), pow, x * rsqrt (kept when the weight trains), * (1 + weight) in fp32, .type_as(x) (the
+        output, kept under full fine-tuning when linears read it). `src` (a projection's output) is freed once the
+        norm is done."""
         save(T * h * 4, T * h * e, (T * h * 4,) * 3)
+        prog.free(alloc(T * h * 4))
+        xr = 0
+        if full:
+            save(T * h * 4)
+        else:
+            xr = alloc(T * h * 4)
+        scaled = alloc(T * h * 4)
+        if xr:
+            prog.free(xr)
+        out = 0
+        if full and feeds_linears:
+            save(T * h * e)
+        else:
+            out = alloc(T * h * e)
+        prog.free(scaled)
         if src:
             prog.free(src)
-        prog.free(alloc(T * h * 4))
-        xr = alloc(T * h * 4)
-        scaled = alloc(T * h * 4)
-        prog.free(xr)
-        out = alloc(T * h * e)
-        prog.free(scaled)
         return out
 
     def weight_grad(name: str) -> None:
@@ -358,7 +367,7 @@ def _plain_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> lis
 
     q_w, kv_w = a * d, kv * d
     gemma = spec.model_type == "gemma2"
-    normed = gemma_norm() if gemma else norm()
+    normed = gemma_norm(0, True) if gemma else norm()
     if "qkv_proj" in lins:
         q_out = k_out = 0  # q, k and v are views of the fused output
         v_out = project("qkv_proj", h, q_w + 2 * kv_w)
@@ -414,7 +423,7 @@ def _plain_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> lis
         save_handle(resid)
     prog.free(o_out)
     # --- MLP
-    normed = gemma_norm() if gemma else norm()
+    normed = gemma_norm(0, True) if gemma else norm()
     width = spec.intermediate
     if "gate_up_proj" in lins:
         gate_up = project("gate_up_proj", h, 2 * width)
@@ -916,13 +925,13 @@ def logits_and_loss_forward(prog: Program, ctx: Ctx) -> list[int]:
     T, V, e = ctx.tokens, ctx.spec.vocab, ctx.dt.act
     logits = prog.alloc("logits_and_loss", T * V * e)
     kept: list[int] = []
-    if ctx.spec.logit_softcap:  # gemma2: logits / cap -> tanh (kept) -> * cap
-        t = prog.alloc("logits_and_loss", T * V * e)
-        kept.append(prog.alloc("logits_and_loss", T * V * e))
-        prog.free(t)
+    if ctx.spec.logit_softcap:
+        # gemma2: logits / cap (the logits go), tanh (kept), * cap, as the recorded history of gemma-2-2b shows
         t = prog.alloc("logits_and_loss", T * V * e)
         prog.free(logits)
-        logits = t
+        kept.append(prog.alloc("logits_and_loss", T * V * e))
+        prog.free(t)
+        logits = prog.alloc("logits_and_loss", T * V * e)
     up = prog.alloc("logits_and_loss", T * V * 4) if e != 4 else None
     kept.append(prog.alloc("logits_and_loss", T * V * 4))  # log_softmax output
     if up is not None:
@@ -940,11 +949,13 @@ def logits_and_loss_backward(prog: Program, ctx: Ctx, kept: list[int]) -> int:
     g3 = prog.alloc("logits_and_loss", T * V * e) if e != 4 else g2
     if g3 != g2:
         prog.free(g2)
-    for h in reversed(kept):  # softcap's tanh
-        g4 = prog.alloc("logits_and_loss", T * V * e)
-        prog.free(h)
-        prog.free(g3)
-        g3 = g4
+    for h in reversed(kept):  # softcap: the gradient through * cap, tanh (its kept output goes) and / cap
+        for step in range(3):
+            g4 = prog.alloc("logits_and_loss", T * V * e)
+            prog.free(g3)
+            if step == 1:
+                prog.free(h)
+            g3 = g4
     return g3
 
 
@@ -1072,6 +1083,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
             if step == 1 and micro == 0 and ddp_initial:
                 prog.free(ddp_initial)
             root_grads: list[int] = []
+            lm_head_grad = 0
             if ctx.full:
                 lm_head = prog.alloc("gradients", spec.vocab * h * ctx.dt.param)
                 if fsdp:
@@ -1080,6 +1092,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                     prog.free(lm_head)
                 else:
                     grads.append(lm_head)
+                    lm_head_grad = lm_head
             if fsdp:
                 fsdp.finish()  # the last layer's all-gather buffer
                 fsdp.prefetch(spec.layers - 1)
@@ -1111,11 +1124,18 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                     prog.free(ckpt_inputs[layer])
             prog.free(dx)
             if ctx.full:
-                # embedding_dense_backward builds a full vocab x hidden gradient; with tied embeddings it is
-                # added into the lm_head's .grad and freed
+                # embedding_dense_backward builds a full vocab x hidden gradient. With tied embeddings the shared
+                # weight's .grad becomes lm_head's gradient plus this one, a third tensor, and both go (every tied
+                # model's recorded history: ft_qwen15_bf16, ft_qwen3_4b, ft_gemma2b_bf16)
                 emb = prog.alloc("gradients", spec.vocab * h * ctx.dt.param)
                 if fsdp and not spec.tied:
                     root_grads.append(emb)
+                elif spec.tied and not fsdp and not accumulate and lm_head_grad:
+                    total = prog.alloc("gradients", spec.vocab * h * ctx.dt.param)
+                    grads.remove(lm_head_grad)
+                    prog.free(lm_head_grad)
+                    prog.free(emb)
+                    grads.append(total)
                 elif spec.tied or accumulate:
                     prog.free(emb)
                 else:
