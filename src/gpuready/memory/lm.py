@@ -1055,8 +1055,16 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
         for micro in range(min(w.grad_accum, 2)):
             accumulate = micro > 0
             prog.set_phase("forward")
-            # autocast caches a bf16 copy of each weight for the duration of the autocast region
-            casts = prog.alloc("autocast_weight_copies", cast_bytes) if ctx.dt.autocast else 0
+            # autocast caches a bf16 copy of each weight for the duration of the autocast region. Under
+            # checkpointing the layers' copies are not cached (each layer casts again in its forward and its
+            # recompute) and only lm_head's stays: the recorded history of llama-3.2-1b mixed with checkpointing
+            # holds one vocab x hidden bf16 copy at the peak, not the layers' (docs/calibration/histories)
+            layer_casts = cast_bytes if ctx.dt.autocast and w.grad_ckpt else 0
+            if ctx.dt.autocast:
+                kept_casts = spec.vocab * h * 2 if w.grad_ckpt else cast_bytes
+                casts = prog.alloc("autocast_weight_copies", kept_casts)
+            else:
+                casts = 0
             if fsdp:
                 fsdp.gather(root)
             x = prog.alloc("activations", T * h * r)  # embedding output, the residual stream
@@ -1068,7 +1076,9 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 if w.grad_ckpt:
                     # non-reentrant checkpointing keeps each layer's input and recomputes the rest in backward
                     ckpt_inputs.append(x)
+                    copies = prog.alloc("autocast_weight_copies", layer_casts // spec.layers) if layer_casts else 0
                     x, _ = block_nograd(prog, ctx, x, layer, cache_kv=False, keep_input=True)
+                    prog.free(copies)
                     per_layer.append([])
                 else:
                     per_layer.append(block_forward(prog, ctx, layer, keep=True))
@@ -1106,11 +1116,14 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                     if layer > 0:
                         fsdp.prefetch(layer - 1)
                 saved = per_layer[layer]
+                copies = 0
                 if w.grad_ckpt:
+                    copies = prog.alloc("autocast_weight_copies", layer_casts // spec.layers) if layer_casts else 0
                     saved = block_forward(prog, ctx, layer, keep=True)  # recomputed for its backward
                 if fsdp:
                     full: list[int] = []
                     block_backward(prog, saved, full, False)
+                    prog.free(copies)
                     if w.grad_ckpt:
                         prog.free(ckpt_inputs[layer])
                     fsdp.reshard(layer)
@@ -1120,6 +1133,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                         grads.append(shard)
                     continue
                 block_backward(prog, saved, grads, accumulate)
+                prog.free(copies)
                 if w.grad_ckpt:
                     prog.free(ckpt_inputs[layer])
             prog.free(dx)
