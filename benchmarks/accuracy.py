@@ -59,6 +59,7 @@ def main(argv: list[str]) -> int:
     errs_r: list[float] = []
     errs_a: list[float] = []
     single_r: list[float] = []
+    per_file: dict[str, list[float]] = {}
     skipped = []
     t0 = time.perf_counter()
     for row in rows(files):
@@ -75,6 +76,7 @@ def main(argv: list[str]) -> int:
         er, ea = pct(est.peak_reserved_bytes, mr), pct(est.peak_allocated_bytes, ma)
         errs_r.append(er)
         errs_a.append(ea)
+        per_file.setdefault(str(row["_file"]), []).append(er)
         if w.gpus == 1:
             single_r.append(er)
         table.append(
@@ -97,6 +99,9 @@ def main(argv: list[str]) -> int:
             f"worst under {min(errs):+.1f}%  worst over {max(errs):+.1f}%"
         )
 
+    if len(per_file) > 1:
+        for name, errs in per_file.items():
+            print(summary(f"peak reserved, {name}", errs))
     print(summary("peak reserved, single-GPU rows", single_r))
     print(summary("peak reserved, all rows", errs_r))
     print(summary("peak allocated", errs_a))

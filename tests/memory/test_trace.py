@@ -83,8 +83,8 @@ def test_more_tokens_need_more_memory_and_extrapolation_matches_tracing(tiny: st
     short = run_trace(w, decode_steps=3).trace
     assert _extrapolate_decode(short, 8)
     assert len(short.events) == len(traced.events)
-    assert _replay(short, None).peak_reserved == _replay(traced, None).peak_reserved
-    assert _replay(short, None).peak_allocated == _replay(traced, None).peak_allocated
+    assert _replay(short).peak_reserved == _replay(traced).peak_reserved
+    assert _replay(short).peak_allocated == _replay(traced).peak_allocated
     small = trace_estimate(make_workload(model=tiny, task="infer", batch=4, seq=64, new_tokens=2))
     big = trace_estimate(make_workload(model=tiny, task="infer", batch=4, seq=64, new_tokens=200))
     # the tiny model's peak is the 32 MiB cuBLAS workspace plus prefill; decode grows with the cache:

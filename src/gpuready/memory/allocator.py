@@ -206,19 +206,23 @@ class CachingAllocator:
             self.releases += 1
             if self.reserved + seg > cap:
                 raise AllocatorOutOfMemory(size, self.allocated, self.reserved, cap)
-        # leave a gap so that segments are never adjacent (blocks only merge within their segment)
-        if small:
-            block = Block(self._next_small_addr, seg, small)
-            self._next_small_addr += seg + ROUND_LARGE
-        else:
-            self._next_large_addr -= seg + ROUND_LARGE
-            block = Block(self._next_large_addr, seg, small)
+        block = Block(self._place(seg, small), seg, small)
         self._segment_heads[block.addr] = block
         self.segments += 1
         self.reserved += seg
         if self.reserved > self.peak_reserved:
             self.peak_reserved = self.reserved
         return block
+
+    def _place(self, seg: int, small: bool) -> int:
+        """The address of a new segment of `seg` bytes. A gap is left so that segments are never adjacent (blocks
+        only merge within their segment)."""
+        if small:
+            addr = self._next_small_addr
+            self._next_small_addr += seg + ROUND_LARGE
+            return addr
+        self._next_large_addr -= seg + ROUND_LARGE
+        return self._next_large_addr
 
     def release_cached(self) -> int:
         """Give every wholly free cached segment back to the device (release_cached_blocks); returns bytes."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from gpuready.memory.program import Program
+
 # DDP's bucket caps (torch/distributed/constants.py and DistributedDataParallel(bucket_cap_mb=25)): the first
 # bucket closes at 1 MiB, every later one at 25 MiB (reducer.cpp compute_bucket_assignment_by_size)
 DDP_FIRST_BUCKET_BYTES = 1024**2
@@ -21,3 +23,25 @@ def ddp_bucket_sizes(grad_bytes: list[int]) -> list[int]:
     if current:
         sizes.append(current)
     return sizes
+
+
+class DdpBuckets:
+    """DistributedDataParallel's gradient buffers over a training run (gradient_as_bucket_view=False), as the
+    recorded H200 history of ddp_llama1b shows them: a second copy of every gradient, one flat tensor, allocated
+    when the model is wrapped (torch/nn/parallel/distributed.py, Reducer); at the second iteration's forward the
+    buckets rebuilt in the order gradients became ready (Reducer._rebuild_buckets in DDP._pre_forward) before the
+    old ones go; on rank 0 the first buffer stayed alive into that iteration's backward, so the worst rank holds
+    both until then."""
+
+    def __init__(self, prog: Program, grad_bytes: int) -> None:
+        self.prog = prog
+        self.first = prog.alloc("ddp_gradient_buckets", grad_bytes)
+
+    def rebuild(self, ready_order: list[int]) -> None:
+        """The second iteration's buckets, for gradients of these sizes in the order they became ready."""
+        for nbytes in ddp_bucket_sizes(ready_order):
+            self.prog.alloc("ddp_gradient_buckets", nbytes)
+
+    def release_first(self) -> None:
+        self.prog.free(self.first)
+        self.first = 0

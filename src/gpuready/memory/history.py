@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuready.memory.allocator import ROUND_LARGE, Block, CachingAllocator, segment_size
+from gpuready.memory.allocator import ROUND_LARGE, Block, CachingAllocator
 
 PLACEMENTS = ("model", "gpu", "rising")
 
@@ -40,20 +40,13 @@ class _Placed(CachingAllocator):
         self.addresses = addresses
         self._top = 1 << 50
 
-    def _new_segment(self, size: int, small: bool) -> Block:
-        if self.placement == "model":
-            return super()._new_segment(size, small)
-        seg = segment_size(size)
+    def _place(self, seg: int, small: bool) -> int:
         if self.placement == "gpu":
-            addr = self.addresses.pop(0)
-        else:
+            return self.addresses.pop(0)
+        if self.placement == "rising":
             addr, self._top = self._top, self._top + seg + ROUND_LARGE
-        block = Block(addr, seg, small)
-        self._segment_heads[addr] = block
-        self.segments += 1
-        self.reserved += seg
-        self.peak_reserved = max(self.peak_reserved, self.reserved)
-        return block
+            return addr
+        return super()._place(seg, small)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuready.memory.ddp import ddp_bucket_sizes
+from gpuready.memory.ddp import DdpBuckets
 from gpuready.memory.dtypes import Dtypes, dtypes_for
 from gpuready.memory.optimizer import Trainable, optimizer_step
 from gpuready.memory.program import Program
@@ -194,6 +194,52 @@ class Saved:
     transient: tuple[int, ...] = ()  # scratch tensors this node's backward allocates together and frees
 
 
+class _Layer:
+    """One layer's forward bookkeeping: what it keeps for backward (`saved`, in order) or, without autograd
+    (keep=False: no_grad, or the first pass of a checkpointed layer), the same tensors as temporaries; temporaries
+    are freed when the layer ends."""
+
+    def __init__(self, prog: Program, keep: bool) -> None:
+        self.prog = prog
+        self.keep = keep
+        self.saved: list[Saved] = []
+        self.temps: list[int] = []
+
+    def alloc(self, nbytes: int) -> int:
+        return self.prog.alloc("activations", nbytes)
+
+    def keep_handle(
+        self, handle: int, grad: int = 0, pgrads: tuple[int, ...] = (), transient: tuple[int, ...] = ()
+    ) -> None:
+        if self.keep:
+            self.saved.append(Saved(handle, grad, pgrads, transient))
+        else:
+            self.temps.append(handle)
+
+    def save(self, nbytes: int, grad: int = 0, pgrads: tuple[int, ...] = (), transient: tuple[int, ...] = ()) -> None:
+        self.keep_handle(self.alloc(nbytes), grad, pgrads, transient)
+
+    def tmp(self, nbytes: int) -> int:
+        handle = self.alloc(nbytes)
+        self.temps.append(handle)
+        return handle
+
+    def drop(self, handle: int) -> None:
+        self.temps.remove(handle)
+        self.prog.free(handle)
+
+    def weight_grad(self, nbytes: int) -> None:
+        """A node that keeps nothing of its own but makes a weight's gradient in backward."""
+        if self.keep:
+            self.saved.append(Saved(NOTHING_KEPT, 0, (nbytes,)))
+
+    def finish(self) -> list[Saved]:
+        for handle in self.temps:
+            self.prog.free(handle)
+        self.temps = []
+        return self.saved
+
+
 def _mlp_width(spec: ModelSpec, layer: int) -> tuple[int, int]:
     """(intermediate width per routed token, fan-out of each token) for this layer's MLP."""
     if spec.experts and layer >= spec.dense_layers:
@@ -245,22 +291,10 @@ def _plain_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> lis
     e, r, rank = dt.act, dt.resid, ctx.w.lora_r
     full = ctx.full
     fp32 = e == 4
-    saved: list[Saved] = []
-    temps: list[int] = []
     all_lins = {lin.name: lin for lin in spec.block_linears}
     lins = set(all_lins)
-
-    def alloc(nbytes: int) -> int:
-        return prog.alloc("activations", nbytes)
-
-    def save_handle(handle: int, grad: int = 0, transient: tuple[int, ...] = ()) -> None:
-        if keep:
-            saved.append(Saved(handle, grad, (), transient))
-        else:
-            temps.append(handle)
-
-    def save(nbytes: int, grad: int = 0, transient: tuple[int, ...] = ()) -> None:
-        save_handle(alloc(nbytes), grad, transient)
+    layer_ = _Layer(prog, keep)
+    alloc, save, save_handle = layer_.alloc, layer_.save, layer_.keep_handle
 
     def norm() -> int:
         """The norm's output handle: a temporary under LoRA; under full fine-tuning it is kept (by the
@@ -268,10 +302,10 @@ def _plain_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> lis
         if fp32:
             # x.to(fp32) is x itself: the residual stream, kept by pow (the residual adds below are saved)
             prog.free(alloc(T * h * 4))  # x ** 2
-            save(T * h * 4, T * h * e, (T * h * 4,) * 3)  # x * rsqrt, kept by weight * y
+            save(T * h * 4, T * h * e, transient=(T * h * 4,) * 3)  # x * rsqrt, kept by weight * y
             save(T * h * 4)  # weight * y, kept by the projections
             return 0
-        save(T * h * 4, T * h * e, (T * h * 4,) * 3)  # x.to(fp32), kept by pow
+        save(T * h * 4, T * h * e, transient=(T * h * 4,) * 3)  # x.to(fp32), kept by pow
         prog.free(alloc(T * h * 4))  # x ** 2
         y32 = alloc(T * h * 4)  # x * rsqrt
         if full:
@@ -290,7 +324,7 @@ def _plain_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> lis
         (kept by pow), pow, x * rsqrt (kept when the weight trains), * (1 + weight) in fp32, .type_as(x) (the
         output, kept under full fine-tuning when linears read it). `src` (a projection's output) is freed once the
         norm is done."""
-        save(T * h * 4, T * h * e, (T * h * 4,) * 3)
+        save(T * h * 4, T * h * e, transient=(T * h * 4,) * 3)
         prog.free(alloc(T * h * 4))
         xr = 0
         if full:
@@ -313,9 +347,9 @@ def _plain_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> lis
     def weight_grad(name: str) -> None:
         """Full fine-tuning: the node where backward makes this linear's weight gradient (its input is kept
         elsewhere: the norm output, the attention output, the MLP product)."""
-        if full and keep:
+        if full:
             lin = all_lins[name]
-            saved.append(Saved(NOTHING_KEPT, 0, (lin.in_features * lin.out_features * lin.count * dt.param,)))
+            layer_.weight_grad(lin.in_features * lin.out_features * lin.count * dt.param)
 
     def project(name: str, width: int, out: int) -> int:
         """The linear's output handle (T x out in the activation dtype)."""
@@ -323,7 +357,7 @@ def _plain_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> lis
         if name not in ctx.lora:
             return alloc(T * out * e)
         base = alloc(T * out * e)
-        save(T * width * 4, 0, (T * out * 4, T * width * 4))  # x in fp32, kept by lora_A
+        save(T * width * 4, 0, transient=(T * out * 4, T * width * 4))  # x in fp32, kept by lora_A
         save(T * rank * 4)  # lora_A's output, kept by lora_B
         b = alloc(T * out * 4)
         scaled = alloc(T * out * 4)
@@ -351,7 +385,7 @@ def _plain_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> lis
     def head_norm(width: int, src: int) -> int:
         """Qwen3's q_norm / k_norm (RMSNorm over each head) on a projection's output, which it frees: x.to(fp32)
         kept, pow, x * rsqrt, .to(dtype) (kept when the weight trains), weight * y (RoPE's input)."""
-        save(T * width * 4, T * width * e, (T * width * 4,) * 3)
+        save(T * width * 4, T * width * e, transient=(T * width * 4,) * 3)
         prog.free(alloc(T * width * 4))
         y32 = alloc(T * width * 4)
         if full:
@@ -428,13 +462,13 @@ def _plain_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> lis
     if "gate_up_proj" in lins:
         gate_up = project("gate_up_proj", h, 2 * width)
         save_handle(gate_up, T * width * e)  # gate and up are views of it: kept by the activation and the product
-        save(T * width * e, T * width * e, (T * width * e,))  # activation output, kept by the product
+        save(T * width * e, T * width * e, transient=(T * width * e,))  # activation output, kept by the product
     else:
         gate = project("gate_proj", h, width)
         save_handle(gate, T * width * e)  # kept by the activation
         save(T * width * e, T * width * e)  # activation output, kept by the product
         up = project("up_proj", h, width)
-        save_handle(up, T * width * e, (T * width * e,))  # kept by the product
+        save_handle(up, T * width * e, transient=(T * width * e,))  # kept by the product
     if full:
         prod = 0
         save(T * width * e)  # down_proj's input, kept for its weight gradient
@@ -454,9 +488,7 @@ def _plain_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> lis
     else:
         prog.free(resid)
         prog.free(out)  # the caller's residual stream is modelled outside the layer
-    for handle in temps:
-        prog.free(handle)
-    return saved
+    return layer_.finish()
 
 
 def _gpt2_block_forward(prog: Program, ctx: Ctx, keep: bool) -> list[Saved]:
@@ -469,24 +501,13 @@ def _gpt2_block_forward(prog: Program, ctx: Ctx, keep: bool) -> list[Saved]:
     (kept by the next block's ln_1). LayerNorm keeps its input: the residuals above."""
     spec, dt, T = ctx.spec, ctx.dt, ctx.tokens
     h, e, r, width = spec.hidden, dt.act, dt.resid, spec.intermediate
-    saved: list[Saved] = []
-    temps: list[int] = []
     lins = {lin.name: lin for lin in spec.block_linears}
-
-    def alloc(nbytes: int) -> int:
-        return prog.alloc("activations", nbytes)
-
-    def save(nbytes: int, grad: int = 0) -> None:
-        handle = alloc(nbytes)
-        if keep:
-            saved.append(Saved(handle, grad))
-        else:
-            temps.append(handle)
+    layer_ = _Layer(prog, keep)
+    alloc, save = layer_.alloc, layer_.save
 
     def weight_grad(name: str) -> None:
-        if keep:
-            lin = lins[name]
-            saved.append(Saved(NOTHING_KEPT, 0, (lin.in_features * lin.out_features * dt.param,)))
+        lin = lins[name]
+        layer_.weight_grad(lin.in_features * lin.out_features * dt.param)
 
     def proj_dropout(name: str) -> int:
         """c_proj's output through dropout: the mask is kept, the output returned."""
@@ -523,9 +544,7 @@ def _gpt2_block_forward(prog: Program, ctx: Ctx, keep: bool) -> list[Saved]:
     save(T * h * r, T * h * e)  # residual, kept by the next block's ln_1
     prog.free(attn_drop)
     prog.free(mlp_drop)
-    for handle in temps:
-        prog.free(handle)
-    return saved
+    return layer_.finish()
 
 
 def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved]:
@@ -545,24 +564,8 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
     h, a, kv, d = spec.hidden, spec.heads, spec.kv_heads, spec.head_dim
     e, r = dt.act, dt.resid
     full = ctx.full
-    saved: list[Saved] = []
-    temps: list[int] = []
-
-    def save(nbytes: int, grad: int = 0, pgrads: tuple[int, ...] = (), transient: tuple[int, ...] = ()) -> None:
-        handle = prog.alloc("activations", nbytes)
-        if keep:
-            saved.append(Saved(handle, grad, pgrads, transient))
-        else:
-            temps.append(handle)
-
-    def tmp(nbytes: int) -> int:
-        handle = prog.alloc("activations", nbytes)
-        temps.append(handle)
-        return handle
-
-    def drop(handle: int) -> None:
-        temps.remove(handle)
-        prog.free(handle)
+    layer_ = _Layer(prog, keep)
+    save, tmp, drop = layer_.save, layer_.tmp, layer_.drop
 
     def norm() -> int:
         """RMSNorm as LlamaRMSNorm runs it: x.to(fp32) (kept by pow; in fp32 runs the input itself), pow,
@@ -605,15 +608,15 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
     def linear_in(lin: Linear, width: int, shared: bool) -> None:
         """What a linear keeps of its input: the input when the weight trains (once per shared input; autocast
         makes and keeps a bf16 copy per call), and peft's fp32 copy of the input for an adapter."""
-        w_grad = (lin.in_features * lin.out_features * lin.count * dt.param,) if full else ()
+        w_grad = lin.in_features * lin.out_features * lin.count * dt.param
         if ctx.w.method == "qlora":
             # bitsandbytes MatMul4Bit dequantizes the NF4 weight to the compute dtype for each matmul
             prog.transient("quantization_temporaries", lin.in_features * lin.out_features * e)
         if full and (dt.autocast or not shared):
-            save(T * width * e, 0, w_grad)
-        elif full and keep:
+            save(T * width * e, 0, (w_grad,))
+        elif full:
             # the shared input is already kept (once, by the norm): this node only makes the weight's gradient
-            saved.append(Saved(NOTHING_KEPT, 0, w_grad))
+            layer_.weight_grad(w_grad)
         if lin.name in ctx.lora:
             # peft's Linear.forward: x cast to the adapter's fp32 (kept by lora_A), lora_A's output (kept by
             # lora_B), then lora_B's output, its product with the scaling and the sum with the base output, all
@@ -752,9 +755,7 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
     tmp(T * h * r)  # the layer's output, residual + MLP output (dropped with the other temporaries below)
     drop(down_out)
     drop(resid)
-    for handle in list(temps):
-        drop(handle)
-    return saved
+    return layer_.finish()
 
 
 def block_nograd(
@@ -1034,24 +1035,15 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
     h, T, e, r = spec.hidden, ctx.tokens, ctx.dt.act, ctx.dt.resid
     fsdp = _Fsdp(prog, weights.units, ctx.shards) if ctx.shards > 1 else None
     root = spec.layers  # the root's FSDP unit
-    ddp_initial = 0
-    if w.shard == "ddp" and trainable:
-        # DistributedDataParallel's gradient buckets (gradient_as_bucket_view=False): a second copy of every
-        # gradient, one flat tensor allocated when the model is wrapped (torch/nn/parallel/distributed.py, Reducer;
-        # the recorded H200 history of ddp_llama1b shows it as one 2.30 GiB block)
-        ddp_initial = prog.alloc("ddp_gradient_buckets", sum(t.nbytes for t in trainable))
+    ddp = DdpBuckets(prog, sum(t.nbytes for t in trainable)) if w.shard == "ddp" and trainable else None
     # one cuBLAS workspace for the forward's handle and one for the autograd thread's (backward)
     prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
     prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
     state: list[int] | None = None
     for step in range(STEPS):
         grads: list[int] = []
-        if step == 1 and ddp_initial:
-            # the second iteration's forward rebuilds the buckets in the order gradients became ready
-            # (Reducer._rebuild_buckets in DDP._pre_forward) before the old ones go; on rank 0 the old flat buffer
-            # stayed alive into that iteration's backward (recorded history), so the worst rank holds both
-            for nbytes in ddp_bucket_sizes([t.nbytes for t in reversed(trainable)]):
-                prog.alloc("ddp_gradient_buckets", nbytes)
+        if step == 1 and ddp:
+            ddp.rebuild([t.nbytes for t in reversed(trainable)])
         for micro in range(min(w.grad_accum, 2)):
             accumulate = micro > 0
             prog.set_phase("forward")
@@ -1090,8 +1082,8 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
             kept = logits_and_loss_forward(prog, ctx)
             prog.set_phase("backward")
             g = logits_and_loss_backward(prog, ctx, kept)
-            if step == 1 and micro == 0 and ddp_initial:
-                prog.free(ddp_initial)
+            if step == 1 and micro == 0 and ddp:
+                ddp.release_first()
             root_grads: list[int] = []
             lm_head_grad = 0
             if ctx.full:

@@ -587,8 +587,8 @@ class _Replay:
     phases: dict[str, int]
 
 
-def _replay(trace: Trace, capacity: int | None) -> _Replay:
-    alloc = CachingAllocator(capacity)
+def _replay(trace: Trace) -> _Replay:
+    alloc = CachingAllocator()
     handles: list[Any] = [None]
     marks = sorted(trace.marks)
     mark_i = 0
@@ -669,7 +669,7 @@ def _traced(workload: Workload) -> _Traced:
             )
         else:
             notes.append(f"decode: only {DECODE_STEPS_TRACED} steps traced; later steps not modelled")
-    rep = _replay(trace, None)
+    rep = _replay(trace)
     reserved = rep.peak_reserved
     spec = resolve_model(workload.model)
     if spec.model_type == "resnet" and workload.training:

@@ -8,7 +8,7 @@ makes a contiguous copy of the packed q/k/v projection and of the attention outp
 
 from __future__ import annotations
 
-from gpuready.memory.ddp import ddp_bucket_sizes
+from gpuready.memory.ddp import DdpBuckets
 from gpuready.memory.dtypes import dtypes_for
 from gpuready.memory.optimizer import Trainable, optimizer_step
 from gpuready.memory.program import Program
@@ -146,16 +146,12 @@ def vision_program(spec: ModelSpec, w: Workload) -> Program:
         forward(prog, spec, w, keep=False)
         return prog
     state: list[int] | None = None
-    # DistributedDataParallel as for language models (memory/lm.py): one flat gradient-sized buffer when the model
-    # is wrapped, buckets rebuilt in gradient order at the second iteration, the first buffer kept into that
-    # iteration's backward on rank 0
-    ddp_initial = prog.alloc("ddp_gradient_buckets", spec.params * dt.param) if w.shard == "ddp" else 0
+    ddp = DdpBuckets(prog, spec.params * dt.param) if w.shard == "ddp" else None
     ready_order: list[int] = []
     for step in range(3):
         prog.set_phase("forward")
-        if step == 1 and ddp_initial:
-            for nbytes in ddp_bucket_sizes(ready_order):
-                prog.alloc("ddp_gradient_buckets", nbytes)
+        if step == 1 and ddp:
+            ddp.rebuild(ready_order)
         casts = prog.alloc("autocast_weight_copies", spec.params * 2) if dt.autocast else 0
         saved = forward(prog, spec, w, keep=True)
         ready_order = [wgrad for _, _, wgrad in reversed(saved) if wgrad]
@@ -164,8 +160,8 @@ def vision_program(spec: ModelSpec, w: Workload) -> Program:
         grads: list[int] = []
         current = prog.alloc("activations", w.batch * 1000 * 4)
         prog.free(logits)
-        if step == 1 and ddp_initial:
-            prog.free(ddp_initial)
+        if step == 1 and ddp:
+            ddp.release_first()
         for handle, grad, wgrad in reversed(saved):
             if wgrad:
                 grads.append(prog.alloc("gradients", wgrad))
