@@ -25,7 +25,9 @@ def test_defaults_follow_the_contract() -> None:
     [
         ({"task": "serve"}, "--task", "'train' or 'infer'"),
         ({"precision": "fp8"}, "--precision", "'bf16'"),
-        ({"batch": 0}, "--batch", "≥ 1"),
+        ({"batch": 0}, "--batch", "from 1 to 1,000,000"),
+        ({"batch": 2_000_000}, "--batch", "from 1 to 1,000,000"),
+        ({"as_family": "gemma9"}, "--as-family", "llama"),
         ({"shard": "fsdp"}, "--shard", "--gpus 2"),
         ({"task": "infer", "method": "lora"}, "--method", "training methods"),
         ({"colour": "red"}, "colour", "allowed"),

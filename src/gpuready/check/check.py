@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from gpuready.models import ModelSpec
 from gpuready.units import format_bytes
 from gpuready.workload import Workload, describe
 
@@ -55,12 +56,12 @@ def _gpu_memory_here() -> tuple[int | None, str | None]:
     return gpu.memory_total_bytes, gpu.name
 
 
-def size_step(workload: Workload, capacity: int | None, where: str | None) -> Step:
+def size_step(workload: Workload, capacity: int | None, where: str | None, spec: ModelSpec | None = None) -> Step:
     from gpuready.catalog import load_gpus
     from gpuready.memory import estimate
 
     if capacity is not None:
-        est = estimate(workload, capacity)
+        est = estimate(workload, capacity, spec=spec)
         line = (
             f"{format_bytes(est.peak_device_bytes)} at the peak ({est.phase}) on {where}: "
             + ("fits" if est.fits else "does not fit")
@@ -69,10 +70,10 @@ def size_step(workload: Workload, capacity: int | None, where: str | None) -> St
         fixes = [f"{m['change']} ({format_bytes(m['peak_device_bytes'])})" for m in est.mitigations if m["fits"]]
         return Step("size", "pass" if est.fits else "fail", line, fixes=fixes, data=est.to_json())
     # no GPU here: the plan instead — which cards of the catalog would hold it
-    est = estimate(workload)
+    est = estimate(workload, spec=spec)
     cards: list[dict[str, Any]] = []
     for gpu in load_gpus():
-        on_card = estimate(workload, gpu.usable_bytes)
+        on_card = estimate(workload, gpu.usable_bytes, spec=spec)
         cards.append(
             {
                 "gpu": gpu.name,
@@ -140,6 +141,9 @@ def check(
     workload: Workload,
     *,
     gpu_memory_bytes: int | None = None,
+    gpu_label: str | None = None,
+    spec: ModelSpec | None = None,
+    warnings: list[str] | None = None,
     quick: bool = False,
     find_max: bool = False,
     requirements: Path | None = None,
@@ -149,12 +153,19 @@ def check(
     run_trial: Callable[..., Any] | None = None,
 ) -> CheckResult:
     """The preflight. `quick` skips the live torch probe and the trial; without a GPU the trial is skipped and
-    the size step becomes the plan over the GPU catalog."""
-    steps: list[Step] = [Step("task", "pass", describe(workload), data=workload.model_dump(mode="json"))]
+    the size step becomes the plan over the GPU catalog. `gpu_label` names the card `gpu_memory_bytes` came from;
+    `warnings` (the workload read against its model and card) become warn checks of the task step."""
+    notes = [{"name": "workload", "status": "warn", "detail": w, "fix": ""} for w in warnings or []]
+    steps: list[Step] = [
+        Step("task", "warn" if notes else "pass", describe(workload), notes, data=workload.model_dump(mode="json"))
+    ]
     here, name = gpu_here()
     capacity = gpu_memory_bytes if gpu_memory_bytes is not None else here
-    where = format_bytes(capacity) if gpu_memory_bytes is not None else (name or "this GPU")
-    size = size_step(workload, capacity, where)
+    if gpu_memory_bytes is not None:
+        where = f"{gpu_label} ({format_bytes(capacity)})" if gpu_label else format_bytes(capacity)
+    else:
+        where = name or "this GPU"
+    size = size_step(workload, capacity, where, spec)
     steps.append(size)
     if run_doctor is None:
         from gpuready.doctor import doctor

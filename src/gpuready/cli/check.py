@@ -8,7 +8,17 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gpuready.cli.common import JsonOpt, build_workload, print_json, with_workload
+from gpuready.cli.common import (
+    JsonOpt,
+    build_job,
+    check_input_file,
+    check_output_file,
+    gpu_capacity,
+    print_json,
+    warn,
+    with_workload,
+    write_text_file,
+)
 
 if TYPE_CHECKING:
     from gpuready.check import CheckResult
@@ -28,8 +38,10 @@ def check_cmd(
     model: Annotated[str | None, typer.Argument(help="preset, hub id, config.json or folder")] = None,
     quick: Annotated[bool, typer.Option(help="skip the live torch probe and the trial")] = False,
     find_max: Annotated[bool, typer.Option("--find-max", help="trial: find the largest batch that runs")] = False,
+    gpu: Annotated[str | None, typer.Option(help="size against this GPU from `gpuready gpus`, not this one")] = None,
     gpu_memory: Annotated[
-        str | None, typer.Option(help="size against this much GPU memory instead of this GPU")
+        str | None,
+        typer.Option(help="size against this much memory: 24GiB (exact), 80GB (a card's label) or a GPU name"),
     ] = None,
     requirements: Annotated[Path | None, typer.Option(help="the project's requirements file")] = None,
     html_out: Annotated[Path | None, typer.Option("--html", help="also write the report as an HTML file")] = None,
@@ -37,13 +49,33 @@ def check_cmd(
     workload_flags: dict[str, Any] | None = None,
 ) -> int:
     from gpuready.check import check
-    from gpuready.units import parse_size
 
-    workload = build_workload(model, dict(workload_flags or {}))
-    capacity = parse_size(gpu_memory, "--gpu-memory") if gpu_memory else None
-    result = check(workload, gpu_memory_bytes=capacity, quick=quick, find_max=find_max, requirements=requirements)
     if html_out is not None:
-        html_out.write_text(render_html(result), encoding="utf-8")
+        html_out = check_output_file(html_out, "--html")
+    if requirements is not None:
+        requirements = check_input_file(requirements, "--requirements")
+    need = gpu_capacity(gpu, gpu_memory)
+    job = build_job(model, dict(workload_flags or {}))
+    warnings = list(job.warnings)
+    if need and need.gpu:
+        from gpuready.catalog.cards import precision_warning
+
+        bf16 = precision_warning(need.gpu, job.workload.precision)
+        if bf16:
+            warn([bf16])
+            warnings.append(bf16)
+    result = check(
+        job.workload,
+        gpu_memory_bytes=need.bytes if need else None,
+        gpu_label=need.gpu.name if need and need.gpu else None,
+        spec=job.spec,
+        warnings=warnings,
+        quick=quick,
+        find_max=find_max,
+        requirements=requirements,
+    )
+    if html_out is not None:
+        write_text_file(html_out, render_html(result), "--html")
     if json_out:
         print_json(result.to_json())
     else:
@@ -63,8 +95,8 @@ def render(result: CheckResult) -> None:
     for step in result.steps:
         table.add_row(step.name, MARK[step.status], step.summary)
         for c in step.checks:
-            if c["status"] == "fail":
-                table.add_row("", MARK["fail"], f"{c['name']}: {c['detail']}")
+            if c["status"] in ("fail", "warn"):
+                table.add_row("", MARK[c["status"]], f"{c['name']}: {c['detail']}")
     console.print(table)
     verdict = "[bold green]READY[/]" if result.ready else "[bold red]NOT READY[/]"
     console.print(verdict)

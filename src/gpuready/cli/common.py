@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 
 if TYPE_CHECKING:
+    from gpuready.catalog.cards import GpuMemory
     from gpuready.workload import Workload
+    from gpuready.workload.validate import CheckedWorkload
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -47,6 +49,13 @@ _WORKLOAD_PARAMS: list[tuple[str, Any]] = [
         "shard",
         Annotated[str | None, typer.Option(help="none, ddp, fsdp, zero1, zero2, zero3 [default: none]")],
     ),
+    (
+        "as_family",
+        Annotated[
+            str | None,
+            typer.Option(help="size the model as this model_type: llama, qwen2, gemma2, ... (unmodelled configs)"),
+        ],
+    ),
     ("workload_file", Annotated[Path | None, typer.Option("--workload", help="workload TOML file")]),
 ]
 _NAMES = [name for name, _ in _WORKLOAD_PARAMS]
@@ -69,6 +78,21 @@ def build_workload(model: str | None, flags: dict[str, Any]) -> Workload:
 
         raise InputError("MODEL", "no model given; name a preset (see `gpuready models`), a config.json or folder")
     return make_workload(**fields)
+
+
+def build_job(model: str | None, flags: dict[str, Any]) -> CheckedWorkload:
+    """build_workload, then read against its model (LoRA targets, positions, unmodelled types); warnings go to
+    stderr here, once, and the assumption lines travel with the result."""
+    from gpuready.workload.validate import check_workload
+
+    job = check_workload(build_workload(model, flags))
+    warn(job.warnings)
+    return job
+
+
+def warn(lines: list[str]) -> None:
+    for line in lines:
+        sys.stderr.write(f"gpuready: warning: {' '.join(line.split())}\n")
 
 
 def with_workload(func: F) -> F:
@@ -104,3 +128,67 @@ def print_json(data: Any) -> None:
 
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="one JSON document on stdout")]
+
+
+def gpu_capacity(gpu: str | None, gpu_memory: str | None) -> GpuMemory | None:
+    """`--gpu NAME` or `--gpu-memory SIZE` (never both) as bytes and what they were read as; None for neither."""
+    from gpuready.catalog.cards import GpuMemory, parse_gpu_memory
+    from gpuready.errors import InputError
+
+    if gpu and gpu_memory:
+        raise InputError("--gpu", "give either --gpu or --gpu-memory, not both")
+    if gpu:
+        from gpuready.catalog import find_gpu
+
+        card = find_gpu(gpu)
+        return GpuMemory(card.usable_bytes, card.name, card)
+    if gpu_memory:
+        return parse_gpu_memory(gpu_memory, "--gpu-memory")
+    return None
+
+
+def check_output_file(path: Path, flag: str) -> Path:
+    """Refuse, before any work, a file that cannot be written: a folder, a missing or read-only parent folder."""
+    import os
+
+    from gpuready.errors import InputError
+
+    target = path.expanduser()
+    if target.is_dir():
+        raise InputError(flag, f"{path} is a folder; give a file name inside it")
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.exists():
+        raise InputError(flag, f"{path}: folder {parent} does not exist")
+    if not parent.is_dir():
+        raise InputError(flag, f"{path}: {parent} is not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(flag, f"{path}: no permission to write in {parent}")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise InputError(flag, f"{path}: the file is read-only")
+    return target
+
+
+def check_input_file(path: Path, flag: str) -> Path:
+    """Refuse, before any work, a file that cannot be read: missing, a folder, unreadable."""
+    import os
+
+    from gpuready.errors import InputError
+
+    target = path.expanduser()
+    if not target.exists():
+        raise InputError(flag, f"{path}: no such file")
+    if target.is_dir():
+        raise InputError(flag, f"{path} is a folder; give a file")
+    if not os.access(target, os.R_OK):
+        raise InputError(flag, f"{path}: no permission to read it")
+    return target
+
+
+def write_text_file(path: Path, text: str, flag: str) -> None:
+    """Write a result file; a failure after the checks above (full disk, a race) is one line, exit 1."""
+    from gpuready.errors import GpureadyError
+
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise GpureadyError(f"{flag}: could not write {path} ({exc.strerror or exc})") from None

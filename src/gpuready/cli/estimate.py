@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gpuready.cli.common import JsonOpt, build_workload, print_json, with_workload
+from gpuready.cli.common import JsonOpt, build_job, gpu_capacity, print_json, warn, with_workload
 from gpuready.errors import InputError
-from gpuready.units import format_bytes, parse_size
+from gpuready.units import format_bytes
 
 if TYPE_CHECKING:
     from gpuready.memory.result import MemoryEstimate
@@ -38,37 +41,43 @@ def register(app: typer.Typer) -> None:
 def estimate_cmd(
     model: Annotated[str | None, typer.Argument(help="preset (gpuready models), hub id, config.json or folder")] = None,
     gpu: Annotated[str | None, typer.Option(help="a GPU from `gpuready gpus`, e.g. A100-80GB, rtx4090")] = None,
-    gpu_memory: Annotated[str | None, typer.Option(help="GPU memory, e.g. 24GiB, 80GB, 81559MiB")] = None,
+    gpu_memory: Annotated[
+        str | None,
+        typer.Option(
+            help="GPU memory: 24GiB or 81559MiB (exact), 80GB (what a card sold as 80 GB reports) or a GPU name;"
+            " a bare number is refused"
+        ),
+    ] = None,
     trace: Annotated[
-        bool, typer.Option(help="run the real model code on fake tensors (needs gpuready[trace])")
+        bool, typer.Option("--trace", help="run the real model code on fake tensors (needs gpuready[trace])")
     ] = False,
     json_out: JsonOpt = False,
     workload_flags: dict[str, Any] | None = None,
 ) -> int:
-    workload = build_workload(model, dict(workload_flags or {}))
-    if gpu and gpu_memory:
-        raise InputError("--gpu", "give either --gpu or --gpu-memory, not both")
-    capacity: int | None = None
-    gpu_name = None
-    if gpu:
-        from gpuready.catalog import find_gpu
+    need = gpu_capacity(gpu, gpu_memory)
+    job = build_job(model, dict(workload_flags or {}))
+    workload = job.workload
+    capacity = need.bytes if need else None
+    gpu_name = need.gpu.name if need and need.gpu else None
+    if need and need.gpu:
+        from gpuready.catalog.cards import precision_warning
 
-        card = find_gpu(gpu)
-        capacity, gpu_name = card.usable_bytes, card.name
-    elif gpu_memory:
-        capacity = parse_size(gpu_memory, "--gpu-memory")
-        if capacity <= 0:
-            raise InputError("--gpu-memory", "must be more than 0")
+        warn([w for w in [precision_warning(need.gpu, workload.precision)] if w])
     if trace:
+        if workload.as_family:
+            raise InputError("--as-family", "sizes the arithmetic estimate; --trace runs the model's own code")
         try:
             from gpuready.memory.trace import trace_estimate
         except ImportError as exc:
             raise InputError("--trace", f"needs the trace extra: pip install 'gpuready[trace]' ({exc})") from None
-        result = trace_estimate(workload, capacity)
+        with _spinner(not json_out, f"tracing {workload.model} on fake tensors"):
+            result = trace_estimate(workload, capacity)
     else:
         from gpuready.memory import estimate
 
-        result = estimate(workload, capacity)
+        result = estimate(workload, capacity, spec=job.spec)
+    if job.assumptions:
+        result = replace(result, assumptions=job.assumptions + list(result.assumptions))
     if json_out:
         data = result.to_json()
         if gpu_name:
@@ -79,6 +88,20 @@ def estimate_cmd(
 
         render(result, describe(workload), gpu_name)
     return 1 if result.fits is False else 0
+
+
+@contextlib.contextmanager
+def _spinner(enabled: bool, label: str) -> Iterator[None]:
+    """A spinner with the elapsed time on stderr while a long step runs (nothing under --json or when piped)."""
+    import sys
+
+    if not enabled or not sys.stderr.isatty():
+        yield
+        return
+    from rich.console import Console
+
+    with Console(stderr=True).status(f"{label} (tens of seconds)…"):
+        yield
 
 
 def _bar(result: MemoryEstimate, width: int = 60) -> Any:

@@ -7,7 +7,14 @@ from typing import Annotated, Any
 
 import typer
 
-from gpuready.cli.common import JsonOpt, build_workload, print_json, with_workload
+from gpuready.cli.common import (
+    JsonOpt,
+    build_job,
+    check_input_file,
+    check_output_file,
+    print_json,
+    with_workload,
+)
 
 GIB = 1024**3
 
@@ -57,26 +64,66 @@ def trial_cmd(
     find_max: Annotated[str | None, typer.Option("--find-max", help="batch or seq: the largest that runs")] = None,
     nproc: Annotated[int | None, typer.Option(help="processes (GPUs) for the probe, launched with torchrun")] = None,
     timeout: Annotated[float | None, typer.Option(help="seconds before a point is ended and recorded")] = None,
-    chart: Annotated[Path | None, typer.Option(help="write a chart: .png (matplotlib) or .svg")] = None,
+    chart: Annotated[
+        Path | None, typer.Option(help="write a chart: .png (needs gpuready[chart]) or .svg; the folder must exist")
+    ] = None,
     db: DbOpt = None,
     no_db: Annotated[bool, typer.Option("--no-db", help="do not record in the results database")] = False,
     gpu_memory: Annotated[
         str | None,
         typer.Option(
-            help="emulate a smaller card, e.g. 24GiB: PyTorch's allocator is capped at it, less the CUDA context"
+            help="emulate a smaller card, e.g. 24GiB, 80GB or L4: PyTorch's allocator is capped at it, less the "
+            "CUDA context"
         ),
     ] = None,
     json_out: JsonOpt = False,
     *,
     workload_flags: dict[str, Any],
 ) -> int:
-    from gpuready.errors import InputError
+    from gpuready.errors import GpureadyError, InputError
     from gpuready.store import ResultsDB
     from gpuready.trial import api
+    from gpuready.trial.preflight import missing_for_trial
     from gpuready.trial.sweep import parse_sweep, parse_sweep_arg
 
     tokens = list(target or [])
     is_command = bool(sweep_arg) or len(tokens) > 1 or (len(tokens) == 1 and not _is_model(tokens[0]))
+    if chart is not None:
+        if chart.suffix.lower() not in (".png", ".svg"):
+            raise InputError("--chart", f"{chart}: allowed: a .png or .svg file name")
+        chart = check_output_file(chart, "--chart")
+    if db is not None and not no_db:
+        db = check_output_file(db, "--db")
+    # everything the user typed is checked before the machine is asked whether it can run a trial
+    emulate = None
+    workload = None
+    parsed = None
+    parsed_arg = None
+    if is_command:
+        if sweep or find_max:
+            raise InputError("--sweep" if sweep else "--find-max", "with your own command use --sweep-arg --flag=V1,V2")
+        given = [name for name, value in workload_flags.items() if value is not None]
+        if given:
+            flag = "--" + given[0].replace("_", "-") if given[0] != "workload_file" else "--workload"
+            raise InputError(flag, "workload flags apply to the built-in probe; use --sweep-arg for a command")
+        if gpu_memory:
+            raise InputError("--gpu-memory", "applies to the built-in probe; your command sets its own limits")
+        parsed_arg = parse_sweep_arg(sweep_arg) if sweep_arg else None
+    else:
+        if not tokens:
+            raise InputError("MODEL", "name a model (see `gpuready models`) or give a command after `--`")
+        job = build_job(tokens[0], workload_flags)
+        workload = job.workload
+        if workload.as_family:
+            raise InputError("--as-family", "sizes the estimate; the trial runs the model's own code")
+        parsed = parse_sweep(sweep) if sweep else None
+        if gpu_memory:
+            from gpuready.catalog.cards import parse_gpu_memory
+
+            emulate = parse_gpu_memory(gpu_memory, "--gpu-memory").bytes
+    missing = missing_for_trial("command" if is_command else "probe")
+    if missing:
+        raise GpureadyError(f"trial: this machine cannot run it: {'; '.join(missing)}; nothing was run")
     database = None if no_db else ResultsDB(db)
     stream = sys.stderr if json_out else sys.stdout
     predict = None
@@ -98,34 +145,24 @@ def trial_cmd(
         if progress is not None:
             progress.start()
         if is_command:
-            if sweep or find_max:
-                raise InputError("--sweep", "with your own command use --sweep-arg --flag=V1,V2,...")
-            if any(v is not None for v in workload_flags.values()):
-                raise InputError("--batch", "workload flags apply to the built-in probe; use --sweep-arg for a command")
-            parsed_arg = parse_sweep_arg(sweep_arg) if sweep_arg else None
             if progress is not None:
                 progress.update(task, total=len(parsed_arg[1]) if parsed_arg else 1)
             result = api.trial_command(
                 tokens, sweep_arg=parsed_arg, timeout=timeout, db=database, on_point=on_point, on_line=on_line
             )
         else:
-            if not tokens:
-                raise InputError("MODEL", "name a model (see `gpuready models`) or give a command after `--`")
-            workload = build_workload(tokens[0], workload_flags)
-            parsed = parse_sweep(sweep) if sweep else None
+            assert workload is not None
             if progress is not None:
                 progress.update(task, total=len(parsed[1]) if parsed else (None if find_max else 1))
             var = find_max or (parsed[0] if parsed else "batch")
             predict = api.estimator_predictor(workload, var)
-            from gpuready.units import parse_size
-
             result = api.trial_probe(
                 workload,
                 sweep=parsed,
                 find_max=find_max,
                 nproc=nproc,
                 timeout=timeout,
-                emulate_gpu_bytes=parse_size(gpu_memory, "--gpu-memory") if gpu_memory else None,
+                emulate_gpu_bytes=emulate,
                 db=database,
                 predictor=predict,
                 on_point=on_point,
@@ -219,19 +256,34 @@ def _render(result: Any, predict: Any) -> None:
         console.print("interrupted: the finished points above are kept")
 
 
+RUN_KINDS = ("probe", "command")
+RUN_STATUSES = ("ok", "partial", "failed", "interrupted", "running")
+
+
 def history_cmd(
     model: Annotated[str | None, typer.Option("--model", help="model or command contains this text")] = None,
     kind: Annotated[str | None, typer.Option(help="probe or command")] = None,
-    status: Annotated[str | None, typer.Option(help="ok, done, interrupted")] = None,
+    status: Annotated[str | None, typer.Option(help="ok, partial, failed, interrupted or running")] = None,
     gpu: Annotated[str | None, typer.Option(help="GPU name contains this text")] = None,
     limit: Annotated[int, typer.Option(help="newest N runs", min=1)] = 20,
     db: DbOpt = None,
+    wide: Annotated[bool, typer.Option("--wide", help="all columns, however wide the terminal")] = False,
     json_out: JsonOpt = False,
 ) -> int:
+    from gpuready.errors import InputError
     from gpuready.store import ResultsDB
 
+    if kind is not None and kind.lower() not in RUN_KINDS:
+        raise InputError("--kind", f"got {kind!r}; allowed: {', '.join(RUN_KINDS)}")
+    if status is not None and status.lower() not in RUN_STATUSES:
+        raise InputError("--status", f"got {status!r}; allowed: {', '.join(RUN_STATUSES)}")
+    if db is not None:
+        db = check_input_file(db, "--db")
     with ResultsDB(db) as database:
-        runs = database.runs(target=model, kind=kind, status=status, gpu=gpu, limit=limit)
+        runs = database.runs(target=model, kind=kind, gpu=gpu, limit=None)
+    if status is not None:
+        runs = [r for r in runs if r.outcome == status.lower()]
+    runs = runs[:limit]
     if json_out:
         print_json({"db": str(database.path), "runs": [r.to_json() for r in runs]})
         return 0
@@ -240,24 +292,34 @@ def history_cmd(
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"trial history ({database.path})")
-    for col in ("id", "when", "kind", "target", "gpu", "variable", "points", "max", "largest peak", "status"):
-        table.add_column(col, overflow="fold")
+    console = Console()
+    narrow = console.width < 100 and not wide
+    table = Table(title=f"trial history ({database.path})", title_justify="left")
+    cols = ["id", "when", "kind", "target", "gpu", "variable", "points", "max", "largest peak", "status"]
+    if narrow:  # the GPU and the swept variable go; --wide or --json have them
+        cols = [c for c in cols if c not in ("gpu", "variable", "kind")]
+    for col in cols:
+        table.add_column(col, overflow="ellipsis" if col == "target" else "fold", no_wrap=col != "target")
+    styles = {"ok": "green", "partial": "yellow", "failed": "red", "interrupted": "yellow"}
     for r in runs:
         peaks = [int(p["peak_device_bytes"]) for p in r.points if p.get("ok") and p.get("peak_device_bytes")]
-        when = dt.datetime.fromtimestamp(r.started_at).strftime("%Y-%m-%d %H:%M")
+        when = dt.datetime.fromtimestamp(r.started_at).strftime("%m-%d %H:%M" if narrow else "%Y-%m-%d %H:%M")
         ok = sum(1 for p in r.points if p.get("ok"))
-        table.add_row(
-            str(r.id),
-            when,
-            r.kind,
-            r.target if len(r.target) <= 40 else r.target[:39] + "…",
-            r.gpu or "?",
-            r.variable or "-",
-            f"{ok}/{len(r.points)} ok",
-            "-" if r.max_value is None else str(r.max_value),
-            _gib(max(peaks)) if peaks else "-",
-            r.status,
-        )
-    Console().print(table)
+        outcome = r.outcome
+        cells = {
+            "id": str(r.id),
+            "when": when,
+            "kind": r.kind,
+            "target": r.target if len(r.target) <= 40 else r.target[:39] + "…",
+            "gpu": r.gpu or "?",
+            "variable": r.variable or "-",
+            "points": f"{ok}/{len(r.points)} ok",
+            "max": "-" if r.max_value is None else str(r.max_value),
+            "largest peak": _gib(max(peaks)) if peaks else "-",
+            "status": f"[{styles[outcome]}]{outcome}[/]" if outcome in styles else outcome,
+        }
+        table.add_row(*(cells[c] for c in cols))
+    console.print(table)
+    if not runs:
+        console.print("no runs" + (" match these filters" if any((model, kind, status, gpu)) else " yet"))
     return 0

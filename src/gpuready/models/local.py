@@ -99,16 +99,16 @@ def _read_config(path: Path) -> dict[str, Any]:
     return data
 
 
-def spec_from_path(path: Path) -> ModelSpec:
+def spec_from_path(path: Path, family: str | None = None) -> ModelSpec:
     if path.is_file():
         if path.suffix == ".safetensors":
             raise InputError("MODEL", f"{path}: give the folder holding config.json and the safetensors files")
-        return spec_from_config(_read_config(path), path.parent.name or str(path), str(path))
+        return spec_from_config(_read_config(path), path.parent.name or str(path), str(path), family)
     config = path / "config.json"
     shards = sorted(path.glob("*.safetensors"))
     if not config.is_file():
         raise InputError("MODEL", f"{path}: no config.json in this folder (needed for the layer shapes)")
-    spec = spec_from_config(_read_config(config), path.name, str(config))
+    spec = spec_from_config(_read_config(config), path.name, str(config), family)
     if shards:
         summary = summarize_safetensors(shards)
         # the files' own count is exact for what is stored (tied embeddings are stored once)

@@ -42,19 +42,20 @@ def find_preset(name: str) -> Preset | None:
 
 
 @functools.cache
-def resolve_model(name: str) -> ModelSpec:
-    """A preset name or hub id, a config.json, a model folder, or (online) a hub id not in the presets."""
+def resolve_model(name: str, family: str | None = None) -> ModelSpec:
+    """A preset name or hub id, a config.json, a model folder, or a hub id not in the presets (from the local
+    Hugging Face cache, else fetched). `family` sizes it as that model_type (`--as-family`)."""
     preset = find_preset(name)
     if preset is not None:
-        return spec_from_config(preset.config, preset.name, preset.source)
+        return spec_from_config(preset.config, preset.name, preset.source, family)
     path = Path(name).expanduser()
     if path.exists():
         from gpuready.models.local import spec_from_path
 
-        return spec_from_path(path)
+        return spec_from_path(path, family)
     if "/" in name and not name.startswith((".", "/")):
         from gpuready.models.hub import fetch_config
 
-        return spec_from_config(fetch_config(name), name, f"https://huggingface.co/{name}")
+        return spec_from_config(fetch_config(name), name, f"https://huggingface.co/{name}", family)
     names = ", ".join(p.name for p in load_presets())
     raise ModelNotFoundError(name, f"not a preset, a file or a hub id; presets: {names}")

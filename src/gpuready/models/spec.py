@@ -65,6 +65,10 @@ class ModelSpec:
     # derived
     params: int = 0
     block_linears: tuple[Linear, ...] = ()  # per decoder layer (MoE layer for MoE models)
+    max_positions: int = 0  # max_position_embeddings / n_positions (0: the config does not say)
+    # sized as another family: the config's own model_type, and its keys that family does not model
+    assumed_from: str | None = None
+    unmodelled: tuple[str, ...] = ()
 
     @property
     def mla(self) -> bool:
@@ -92,19 +96,77 @@ def _req(cfg: dict[str, Any], *names: str) -> int:
     return int(value)
 
 
-def spec_from_config(cfg: dict[str, Any], name: str, source: str = "") -> ModelSpec:
-    """Turn a config dict (HF config.json or a torchvision preset) into a ModelSpec with its parameter count."""
-    mtype = str(cfg.get("model_type", "")).lower()
-    if mtype in VISION_TYPES:
+# What the llama layout reads; an unknown model_type needs these to be sized as a generic decoder.
+GENERIC_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size")
+# Config keys whose names point at architecture the generic (llama) layout does not model.
+_FEATURE_HINTS = (
+    "sliding",
+    "window",
+    "layer_types",
+    "softcap",
+    "expert",
+    "moe",
+    "vision",
+    "audio",
+    "cross_attention",
+    "ssm",
+    "mamba",
+    "conv",
+    "linear_attn",
+    "chunk",
+    "pattern",
+    "lora_rank",
+    "per_layer",
+    "shared_kv",
+    "altup",
+    "laurel",
+    "query_pre_attn",
+    "num_nextn",
+    "mtp",
+)
+
+
+def unmodelled_keys(cfg: dict[str, Any]) -> tuple[str, ...]:
+    """Keys of a config that name features a generic decoder estimate leaves out (sliding windows, experts...)."""
+    return tuple(sorted(k for k in cfg if any(h in k.lower() for h in _FEATURE_HINTS) and cfg[k] not in (None, False)))
+
+
+def spec_from_config(cfg: dict[str, Any], name: str, source: str = "", family: str | None = None) -> ModelSpec:
+    """Turn a config dict (HF config.json or a torchvision preset) into a ModelSpec with its parameter count.
+
+    `family` (the `--as-family` flag) sizes the config as that model_type. A model_type gpuready does not model
+    is sized as a generic llama-style decoder when the config has the keys that needs, and the spec says so
+    (`assumed_from`, `unmodelled`); without those keys it is refused, naming the missing ones."""
+    own = str(cfg.get("model_type", "")).lower()
+    if family is not None:
+        if family not in LM_TYPES:
+            raise InputError("--as-family", f"got {family!r}; allowed: {', '.join(LM_TYPES)}")
+        if own in VISION_TYPES:
+            raise InputError("--as-family", f"{name} is a vision model ({own}); --as-family is for language models")
+        spec = _lm_spec({**cfg, "model_type": family}, family, name, source)
+        if own == family:
+            return spec
+        return _replace(spec, assumed_from=own or "(none)", unmodelled=unmodelled_keys(cfg))
+    if own in VISION_TYPES:
         from gpuready.models.vision import vision_spec
 
         return vision_spec(cfg, name, source)
-    # unknown decoder-only types with llama-like keys are sized as llama
-    if mtype not in LM_TYPES and not all(
-        k in cfg for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-    ):
+    if own in LM_TYPES:
+        return _lm_spec(cfg, own, name, source)
+    missing = [k for k in GENERIC_KEYS if cfg.get(k) is None]
+    if missing:
         allowed = ", ".join(LM_TYPES + VISION_TYPES)
-        raise InputError("MODEL", f"model_type {mtype!r} is not supported; supported: {allowed}")
+        raise InputError(
+            "MODEL",
+            f"model_type {own or '(none)'!r} is not modelled and its config lacks {', '.join(missing)} (needed to "
+            f"size it as a generic decoder); modelled: {allowed}",
+        )
+    spec = _lm_spec({**cfg, "model_type": "llama"}, "llama", name, source)
+    return _replace(spec, model_type=own or "llama", assumed_from=own or "(none)", unmodelled=unmodelled_keys(cfg))
+
+
+def _lm_spec(cfg: dict[str, Any], mtype: str, name: str, source: str) -> ModelSpec:
+    positions = int(_get(cfg, "max_position_embeddings", "n_positions", default=0) or 0)
     if mtype == "gpt2":
         h = _req(cfg, "n_embd", "hidden_size")
         heads = _req(cfg, "n_head", "num_attention_heads")
@@ -124,6 +186,7 @@ def spec_from_config(cfg: dict[str, Any], name: str, source: str = "") -> ModelS
             gated_mlp=False,
             norm="layer",
             learned_positions=_req(cfg, "n_positions", "max_position_embeddings"),
+            max_positions=positions,
         )
         return _with_params(spec)
     h = _req(cfg, "hidden_size")
@@ -141,8 +204,9 @@ def spec_from_config(cfg: dict[str, Any], name: str, source: str = "") -> ModelS
     spec = ModelSpec(
         name=name,
         kind="lm",
-        model_type=mtype or "llama",
+        model_type=mtype,
         source=source,
+        max_positions=positions,
         vocab=_req(cfg, "vocab_size"),
         hidden=h,
         layers=layers,

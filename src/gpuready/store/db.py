@@ -94,6 +94,18 @@ class RunRecord:
     max_value: int | None
     points: list[dict[str, Any]]
 
+    @property
+    def outcome(self) -> str:
+        """The status; runs recorded as "done" (before partial/failed were told apart) are read from their
+        points: ok (all ran), partial (some), failed (none). Skipped points do not count."""
+        if self.status != "done":
+            return self.status
+        tried = [p for p in self.points if p.get("status") != "skipped"]
+        ran = sum(1 for p in tried if p.get("ok"))
+        if tried and ran == len(tried):
+            return "ok"
+        return "partial" if ran else "failed"
+
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
@@ -104,7 +116,7 @@ class RunRecord:
             "workload": self.workload,
             "host": self.host,
             "gpu": self.gpu,
-            "status": self.status,
+            "status": self.outcome,
             "max": self.max_value,
             "points": self.points,
         }

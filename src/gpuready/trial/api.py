@@ -77,6 +77,21 @@ def _calibration(points: list[Point], predict: Predictor | None, variable: str |
     return out
 
 
+def run_status(points: list[Point], interrupted: bool, found_max: int | None = None) -> str:
+    """A run's status in the results database: interrupted; ok (every point ran; a find-max found a value);
+    partial (some points ran); failed (none ran). A find-max expects failures past the limit, so its status is
+    whether it found a value. Skipped points (a sweep past a failure) do not count."""
+    if interrupted:
+        return "interrupted"
+    if found_max is not None:
+        return "ok" if found_max > 0 else "failed"
+    tried = [p for p in points if p.status != "skipped"]
+    ran = sum(1 for p in tried if p.ok)
+    if tried and ran == len(tried):
+        return "ok"
+    return "partial" if ran else "failed"
+
+
 def run_backend(
     backend: Backend,
     *,
@@ -122,8 +137,7 @@ def run_backend(
         fit = search_mod.fit_line(variable, points)
     capacity = _capacity(points, capacity_bytes)
     if db is not None and run_id is not None:
-        status = "interrupted" if interrupted else ("ok" if points and all(p.ok for p in points) else "done")
-        db.finish_run(run_id, status, max_value)
+        db.finish_run(run_id, run_status(points, interrupted, max_value if find_max else None), max_value)
     return TrialResult(
         kind=kind,
         target=target,

@@ -43,6 +43,7 @@ class Workload(BaseModel):
     attn: Attn = "sdpa"
     gpus: int = Field(default=1, ge=1, le=4096)
     shard: Shard = "none"
+    as_family: str | None = None  # size the model as this model_type (an unmodelled config, or to compare)
 
     @field_validator("lora_targets", mode="before")
     @classmethod
@@ -52,6 +53,15 @@ class Workload(BaseModel):
             return parts or None
         if isinstance(value, list):
             return tuple(value)
+        return value
+
+    @field_validator("as_family", mode="after")
+    @classmethod
+    def _known_family(cls, value: str | None) -> str | None:
+        from gpuready.models.spec import LM_TYPES
+
+        if value is not None and value not in LM_TYPES:
+            raise ValueError(f"got {value!r}; allowed: {', '.join(LM_TYPES)}")
         return value
 
     @model_validator(mode="after")
@@ -69,14 +79,19 @@ class Workload(BaseModel):
 
 FIELDS: tuple[str, ...] = tuple(Workload.model_fields)
 
+
+def _range_hint(name: str) -> str | None:
+    """`an integer from 1 to 1,000,000`, from the field's own bounds."""
+    lo = hi = None
+    for meta in Workload.model_fields[name].metadata:
+        lo = getattr(meta, "ge", lo)
+        hi = getattr(meta, "le", hi)
+    if lo is None or hi is None:
+        return None
+    return f"an integer from {lo:,} to {hi:,}"
+
+
 _ALLOWED_HINT = {
-    "batch": "an integer ≥ 1",
-    "seq": "an integer ≥ 1",
-    "new_tokens": "an integer ≥ 0",
-    "image_size": "an integer from 16 to 16384",
-    "grad_accum": "an integer ≥ 1",
-    "lora_r": "an integer ≥ 1",
-    "gpus": "an integer ≥ 1",
     "grad_ckpt": "true or false",
     "model": "a preset name, hub id, config.json or model folder",
     "lora_targets": "comma-separated module names, e.g. q_proj,v_proj",
@@ -104,12 +119,15 @@ def make_workload(**fields: Any) -> Workload:
             msg = str(err.get("msg", "")).removeprefix("Value error, ")
             field, _, rest = msg.partition(": ")
             raise InputError(_flag(field), rest or msg) from None
-        allowed = _ALLOWED_HINT.get(name)
+        allowed = _ALLOWED_HINT.get(name) or _range_hint(name)
         ctx = err.get("ctx") or {}
         if "expected" in ctx:
             allowed = f"one of {ctx['expected']}"
         got = err.get("input")
-        raise InputError(_flag(name), f"got {got!r}; allowed: {allowed or err.get('msg')}") from None
+        msg = str(err.get("msg", "")).removeprefix("Value error, ")
+        if msg.startswith("got "):  # a field validator's own message says it all
+            raise InputError(_flag(name), msg) from None
+        raise InputError(_flag(name), f"got {got!r}; allowed: {allowed or msg}") from None
 
 
 def load_workload_file(path: str | Path) -> dict[str, Any]:
@@ -179,4 +197,6 @@ def describe(w: Workload) -> str:
             parts.append(f"grad-accum {w.grad_accum}")
     if w.gpus > 1:
         parts.append(f"{w.gpus} GPUs {w.shard}")
+    if w.as_family:
+        parts.append(f"as {w.as_family}")
     return " · ".join(parts)
