@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from typing import Annotated
 
 import typer
 
@@ -18,10 +19,31 @@ app = typer.Typer(
     name="gpuready",
     help="Will your deep-learning job run on that GPU? Size it, check the image, trial-run it, keep your files.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
+    # plain help: rich markup would eat "[trace]", "[default: ...]" and other brackets in the texts
+    rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from gpuready import __version__
+
+        typer.echo(f"gpuready {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="print the version and exit")
+    ] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="show the full traceback of an error")] = False,
+) -> None:
+    """Will your deep-learning job run on that GPU? Size it, check the image, trial-run it, keep your files."""
+
 
 # Each module defines `register(app)`. Keep this list sorted; one line per command group.
 COMMAND_MODULES = (
@@ -72,6 +94,14 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except Exception as exc:  # a bug in gpuready: still one line, the traceback behind --debug
+        if debug:
+            raise
+        sys.stderr.write(
+            f"gpuready: internal error: {type(exc).__name__}: {_one_line(str(exc))} "
+            "(run again with --debug for the traceback, and please report it)\n"
+        )
+        return 1
     return int(result) if isinstance(result, int) else 0
 
 

@@ -35,7 +35,7 @@ def register(app: typer.Typer) -> None:
 
 @with_workload
 def check_cmd(
-    model: Annotated[str | None, typer.Argument(help="preset, hub id, config.json or folder")] = None,
+    model: Annotated[str | None, typer.Argument(metavar="MODEL", help="preset, hub id, config.json or folder")] = None,
     quick: Annotated[bool, typer.Option(help="skip the live torch probe and the trial")] = False,
     find_max: Annotated[bool, typer.Option("--find-max", help="trial: find the largest batch that runs")] = False,
     gpu: Annotated[str | None, typer.Option(help="size against this GPU from `gpuready gpus`, not this one")] = None,

@@ -103,10 +103,12 @@ def snapshot_cmd(
     output: Annotated[Path, typer.Option("-o", "--output", help="file to write the JSON snapshot to")],
     json_out: JsonOpt = False,
 ) -> None:
+    from gpuready.cli.common import check_output_file, write_text_file
     from gpuready.doctor import gather_facts, take_snapshot
 
+    output = check_output_file(output, "--output")
     snap = take_snapshot(gather_facts(requirements=None, cwd=Path("/nonexistent-gpuready")))
-    output.write_text(json.dumps(snap, indent=2) + "\n", encoding="utf-8")
+    write_text_file(output, json.dumps(snap, indent=2) + "\n", "--output")
     summary = {
         "file": str(output),
         "packages": len(snap["packages"]),

@@ -39,7 +39,9 @@ def register(app: typer.Typer) -> None:
 
 @with_workload
 def estimate_cmd(
-    model: Annotated[str | None, typer.Argument(help="preset (gpuready models), hub id, config.json or folder")] = None,
+    model: Annotated[
+        str | None, typer.Argument(metavar="MODEL", help="preset (gpuready models), hub id, config.json or folder")
+    ] = None,
     gpu: Annotated[str | None, typer.Option(help="a GPU from `gpuready gpus`, e.g. A100-80GB, rtx4090")] = None,
     gpu_memory: Annotated[
         str | None,

@@ -24,6 +24,18 @@ class _StorageGroup(TyperGroup):
             args = ["show", *args]
         return super().parse_args(ctx, args)
 
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        """`storage --help` shows the hidden `show` command's PATH and options (they are what `storage` takes)."""
+        show = self.commands.get("show")
+        if show is None:
+            super().format_help(ctx, formatter)
+            return
+        sub = ctx.__class__(show, info_name=ctx.info_name, parent=ctx.parent)
+        show.format_usage(sub, formatter)
+        self.format_help_text(ctx, formatter)
+        show.format_options(sub, formatter)
+        self.format_commands(ctx, formatter)
+
 
 def register(app: typer.Typer) -> None:
     storage_app = typer.Typer(

@@ -55,7 +55,10 @@ def _gib(value: Any) -> str:
 @with_workload
 def trial_cmd(
     target: Annotated[
-        list[str] | None, typer.Argument(help="MODEL, or after `--` the command to run", show_default=False)
+        list[str] | None,
+        typer.Argument(
+            metavar="MODEL|COMMAND", help="a model, or after `--` the command to run", show_default=False
+        ),
     ] = None,
     sweep: Annotated[str | None, typer.Option(help="VAR=V1,V2,... one variable, e.g. batch=1,2,4,8")] = None,
     sweep_arg: Annotated[

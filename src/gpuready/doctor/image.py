@@ -173,19 +173,44 @@ def advise_image(
     if not releases:
         raise InputError("--requirements", f"torch{spec} matches no release in the table (2.0 - 2.13)")
     version = _pinned(spec)
-    chosen_release = releases[0]
-    options: list[VariantOption] = []
+    # the newest release with a variant this machine can use; its GPU architecture list may be unknown to the
+    # table (recent releases), then the newest release whose list is known to cover the GPU is named too
+    newest: tuple[str, list[VariantOption]] | None = None
+    checked: tuple[str, VariantOption] | None = None
     for release in releases:
         opts = options_for(release, driver_cuda, driver, caps, python)
-        if any(o.usable and o.row.archs and o.covers_gpus is not False for o in opts):
-            chosen_release, options = release, opts
+        if newest is None and any(o.usable for o in opts):
+            newest = (release, opts)
+        verified = [o for o in opts if o.usable and o.row.archs and o.covers_gpus is not False]
+        if verified:
+            checked = (release, verified[0])
             break
-    else:
+    if newest is None:
+        chosen_release = releases[0]
         options = options_for(chosen_release, driver_cuda, driver, caps, python)
-        notes.append(f"no variant of torch {chosen_release} is known to suit this GPU and driver")
+        if any(o.covers_gpus is False for o in options):
+            cc = ", ".join(format_capability(c) for c in caps)
+            notes.append(f"no torch variant in the table supports compute capability {cc}; nothing to recommend")
+        else:
+            notes.append("no torch variant in the table suits this driver and Python; nothing to recommend")
+    else:
+        chosen_release, options = newest
+        if caps and (checked is None or checked[0] != chosen_release):
+            cc = ", ".join(format_capability(c) for c in caps)
+            known = (
+                f"torch {checked[0]} {checked[1].row.variant} is the newest known to cover it"
+                if checked is not None
+                else "no release in the table is known to cover it"
+            )
+            notes.append(
+                f"warning: torch {chosen_release}'s GPU architecture list is not in the table, so compute capability"
+                f" {cc} is not checked for it; {known}"
+            )
     pinned = version if version and torch_release(version) == chosen_release else None
     shown = tuple(_option(o, pinned) for o in options)
-    recommended = next((o for o in shown if o.usable and o.covers_gpu is not False), None)
+    recommended = None
+    if newest is not None:
+        recommended = next((o for o in shown if o.usable and o.covers_gpu is not False), None)
     images: tuple[str, ...] = ()
     if recommended is not None:
         images = tuple(

@@ -48,9 +48,11 @@ class PlanResult:
     tokens_per_step: int
     mitigations: list[dict[str, Any]] = field(default_factory=list)
     assumptions: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "warnings": self.warnings,
             "options": [asdict(o) for o in self.options],
             "steps": self.steps,
             "tokens_per_step": self.tokens_per_step,
@@ -90,22 +92,26 @@ def plan(
     tokens: int | None = None,
     steps: int | None = None,
     hours: float | None = None,
+    spec: ModelSpec | None = None,
+    only: list[str] | None = None,
 ) -> PlanResult:
     from gpuready.memory import estimate
 
-    given = [x for x in (tokens, steps, hours) if x is not None]
+    given = {flag: x for flag, x in (("--tokens", tokens), ("--steps", steps), ("--hours", hours)) if x is not None}
     if len(given) > 1:
-        raise InputError("--tokens", "give one of --tokens, --steps or --hours")
-    if any(x <= 0 for x in given):
-        raise InputError("--tokens", "must be more than 0")
-    spec = resolve_model(workload.model)
+        raise InputError(next(iter(given)), "give one of --tokens, --steps or --hours")
+    for flag, x in given.items():
+        if x <= 0:
+            raise InputError(flag, f"got {x:g}; allowed: more than 0")
+    spec = spec or resolve_model(workload.model, workload.as_family)
+    cards = [g for g in load_gpus() if only is None or g.name in only]
     count = workload.gpus
     tokens_per_step = workload.batch * workload.seq * workload.grad_accum * count
     if tokens is not None:
         steps = -(-tokens // tokens_per_step)
     flops = step_flops(spec, workload)
     options = []
-    for gpu in load_gpus():
+    for gpu in cards:
         est = estimate(workload, gpu.usable_bytes, spec=spec)
         sec = _step_seconds(flops, gpu, workload)
         job_hours = hours if hours is not None else (sec * steps / 3600 if sec is not None and steps else None)
@@ -139,7 +145,7 @@ def plan(
     if not any(o.fits for o in options):
         from gpuready.memory.mitigations import suggest
 
-        largest = max(load_gpus(), key=lambda g: g.usable_bytes)
+        largest = max(cards, key=lambda g: g.usable_bytes)
         mitigations = [m.to_json() | {"gpu": largest.name} for m in suggest(workload, largest.usable_bytes)]
     notes = [
         "fits: the estimator's peak on the device with its 5% reserve margin, per GPU, on the catalog's memory",
@@ -149,4 +155,12 @@ def plan(
     ]
     if flops is None:
         notes.append("no step-time model for this job (inference or vision): step_seconds and cost are unknown")
-    return PlanResult(options, steps, tokens_per_step, mitigations, notes)
+    from gpuready.catalog.cards import bf16_supported
+
+    warnings = []
+    no_bf16 = [g.name for g in cards if bf16_supported(g) is False]
+    if workload.precision in ("bf16", "mixed") and no_bf16:
+        warnings.append(
+            f"no bf16 on {', '.join(no_bf16)} (compute capability below 8.0): use --precision fp16 or fp32 there"
+        )
+    return PlanResult(options, steps, tokens_per_step, mitigations, notes, warnings)
