@@ -15,6 +15,7 @@ from gpuready.cli.common import (
     check_output_file,
     gpu_capacity,
     print_json,
+    spinner,
     warn,
     with_workload,
     write_text_file,
@@ -22,8 +23,6 @@ from gpuready.cli.common import (
 
 if TYPE_CHECKING:
     from gpuready.check import CheckResult
-
-MARK = {"pass": "[green]pass[/]", "warn": "[yellow]warn[/]", "fail": "[red]fail[/]", "skip": "[dim]skip[/]"}
 
 
 def register(app: typer.Typer) -> None:
@@ -64,16 +63,18 @@ def check_cmd(
         if bf16:
             warn([bf16])
             warnings.append(bf16)
-    result = check(
-        job.workload,
-        gpu_memory_bytes=need.bytes if need else None,
-        gpu_label=need.gpu.name if need and need.gpu else None,
-        spec=job.spec,
-        warnings=warnings,
-        quick=quick,
-        find_max=find_max,
-        requirements=requirements,
-    )
+    label = "checking: the size, the image" + ("" if quick else " (a live torch probe, up to a minute), the trial")
+    with spinner(label):
+        result = check(
+            job.workload,
+            gpu_memory_bytes=need.bytes if need else None,
+            gpu_label=need.gpu.name if need and need.gpu else None,
+            spec=job.spec,
+            warnings=warnings,
+            quick=quick,
+            find_max=find_max,
+            requirements=requirements,
+        )
     if html_out is not None:
         write_text_file(html_out, render_html(result), "--html")
     if json_out:
@@ -84,24 +85,39 @@ def check_cmd(
 
 
 def render(result: CheckResult) -> None:
+    """One line per step (and per failed or warned check), wrapped under its column; names and commands whole."""
     from rich.console import Console
-    from rich.table import Table
+    from rich.text import Text
+
+    from gpuready.catalog import load_gpus
+    from gpuready.cli.layout import fix_lines, wrap
 
     console = Console()
-    table = Table(title="gpuready check", title_justify="left")
-    table.add_column("step")
-    table.add_column("")
-    table.add_column("result", overflow="fold")
+    width = console.width
+    names = tuple(g.name for g in load_gpus())
+    console.print(Text("gpuready check", style="bold"))
+    styles = {"pass": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
+
+    def row(step: str, status: str, text: str) -> None:
+        lines = wrap(text, width, " " * 17, first=" " * 17, keep=names)
+        head = Text(f"  {step:<8} ")
+        head.append(f"{status:<4}", style=styles[status])
+        head.append("  " + lines[0].lstrip())
+        console.print(head, highlight=False)
+        for line in lines[1:]:
+            console.print(Text(line), highlight=False)
+
     for step in result.steps:
-        table.add_row(step.name, MARK[step.status], step.summary)
+        row(step.name, step.status, step.summary)
         for c in step.checks:
-            if c["status"] in ("fail", "warn"):
-                table.add_row("", MARK[c["status"]], f"{c['name']}: {c['detail']}")
-    console.print(table)
+            line = f"{c['name']}: {c['detail']}"
+            if c["status"] in ("fail", "warn") and line not in step.summary:
+                row("", c["status"], line)
     verdict = "[bold green]READY[/]" if result.ready else "[bold red]NOT READY[/]"
     console.print(verdict)
     for fix in result.fixes:
-        console.print(f"  fix: {fix}")
+        for i, line in enumerate(fix_lines(fix, width, " " * 7)):
+            console.print(Text(("  fix: " + line.lstrip()) if i == 0 else line), highlight=False)
 
 
 def render_html(result: CheckResult) -> str:

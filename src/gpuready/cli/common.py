@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import json
 import sys
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -192,3 +193,24 @@ def write_text_file(path: Path, text: str, flag: str) -> None:
         path.write_text(text, encoding="utf-8")
     except OSError as exc:
         raise GpureadyError(f"{flag}: could not write {path} ({exc.strerror or exc})") from None
+
+
+@contextlib.contextmanager
+def spinner(label: str) -> Iterator[None]:
+    """A spinner with the elapsed time on stderr while a long step runs; nothing when stderr is not a terminal
+    (pipes, --json captured by scripts, tests)."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as progress:
+        progress.add_task(label, total=None)
+        yield

@@ -46,32 +46,50 @@ def register(app: typer.Typer) -> None:
 
 
 def _render(report: DoctorReport, title: str) -> None:
+    """The checks as a list under their steps: each detail wrapped at spaces, each fix's command whole."""
     from rich.console import Console
-    from rich.table import Table
+    from rich.text import Text
+
+    from gpuready.cli.layout import fix_lines, wrap
 
     console = Console()
-    table = Table(title=title, show_lines=False)
-    for col in ("step", "check", "", "detail", "fix"):
-        table.add_column(col, overflow="fold")
+    width = console.width
+    console.print(Text(title, style="bold"))
     last = None
     for c in report.checks:
-        step = _STEPS.get(c.step, c.step) if c.step != last else ""
-        last = c.step
-        table.add_row(step, c.name, f"[{_STYLE[c.status]}]{c.status}[/]", c.detail, c.fix or "")
-    console.print(table)
+        if c.step != last:
+            console.print(Text(_STEPS.get(c.step, c.step), style="bold"))
+            last = c.step
+        lines = wrap(f"{c.name}: {c.detail}", width, indent=" " * 8, first=" " * 8)
+        first = Text("  ")
+        first.append(f"{c.status:<4}", style=_STYLE[c.status])
+        first.append("  " + lines[0].lstrip())
+        console.print(first, highlight=False)
+        for line in lines[1:]:
+            console.print(Text(line), highlight=False)
+        if c.fix:
+            for i, line in enumerate(fix_lines(c.fix, width, " " * 13)):
+                text = Text(line) if i else Text(" " * 8 + "fix: " + line.lstrip())
+                console.print(text, highlight=False)
     _verdict(report, console)
 
 
 def _verdict(report: DoctorReport, console: Any) -> None:
+    from rich.text import Text
+
+    from gpuready.cli.layout import fix_lines, wrap
+
     when = "" if report.final else " (from files; the live torch probe is still running)"
     if report.ready:
         console.print(f"[green bold]READY[/]{when} in {report.seconds:.2f} s; torch probe: {report.probe}")
     else:
         console.print(f"[red bold]NOT READY[/]{when} in {report.seconds:.2f} s; torch probe: {report.probe}")
     if report.cause is not None:
-        console.print(f"  cause: [bold]{report.cause.name}[/]: {report.cause.detail}")
+        for line in wrap(f"{report.cause.name}: {report.cause.detail}", console.width, " " * 9, "  cause: "):
+            console.print(Text(line), highlight=False)
         if report.cause.fix:
-            console.print(f"  fix:   {report.cause.fix}")
+            for i, line in enumerate(fix_lines(report.cause.fix, console.width, " " * 9)):
+                console.print(Text("  fix:   " + line.lstrip() if i == 0 else line), highlight=False)
 
 
 def doctor_cmd(
@@ -192,24 +210,39 @@ def _render_image(advice: ImageAdvice) -> None:
         f"{advice.driver or '?'} (CUDA {advice.driver_cuda or '?'}), Python {advice.python or '?'}, "
         f"torch{advice.torch_spec or ' (any)'}"
     )
-    table = Table(title="torch wheel variants")
-    for col in ("torch", "variant", "driver >=", "GPU", "driver", "status", "PyPI default"):
-        table.add_column(col)
+    from rich import box
+    from rich.text import Text
+
+    from gpuready.cli.layout import command_lines
+
+    narrow = console.width < 100
+    table = Table(title="torch wheel variants", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    cols = ["torch", "variant", "driver >=", "all features", "GPU", "driver", "status"]
+    if not narrow:
+        cols.append("PyPI default")
+    for col in cols:
+        table.add_column(col, no_wrap=True)
+    yes = {True: "yes", False: "[red]no[/]", None: "?"}
     for o in advice.options:
-        yes = {True: "yes", False: "[red]no[/]", None: "?"}
-        table.add_row(
-            o.torch,
-            o.variant,
-            f"{o.min_driver} ({o.full_driver} for all features)",
-            yes[o.covers_gpu],
-            o.driver_fit or "?",
-            o.status,
-            o.pypi_default,
-        )
+        cells = {
+            "torch": o.torch,
+            "variant": o.variant,
+            "driver >=": o.min_driver or "?",
+            "all features": o.full_driver or "?",
+            "GPU": yes[o.covers_gpu] if advice.compute_capability else "?",
+            "driver": o.driver_fit or "?",
+            "status": o.status,
+            "PyPI default": o.pypi_default,
+        }
+        table.add_row(*(cells[c] for c in cols))
     console.print(table)
     if advice.recommended:
-        console.print(f"[bold]install:[/] {advice.recommended.command}")
+        console.print("[bold]install:[/]")
+        for line in command_lines(advice.recommended.command, console.width, "  "):
+            console.print(Text(line), highlight=False)
         console.print(f"driver needed: >= {advice.recommended.min_driver} (CUDA {advice.recommended.cuda})")
+    else:
+        console.print("[bold red]no install to recommend[/]: see the notes")
     for image in advice.docker_images:
         console.print(f"image: {image}")
     for note in advice.notes:

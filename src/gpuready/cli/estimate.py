@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gpuready.cli.common import JsonOpt, build_job, gpu_capacity, print_json, warn, with_workload
+from gpuready.cli.common import JsonOpt, build_job, gpu_capacity, print_json, spinner, warn, with_workload
 from gpuready.errors import InputError
 from gpuready.units import format_bytes
 
@@ -72,7 +70,7 @@ def estimate_cmd(
             from gpuready.memory.trace import trace_estimate
         except ImportError as exc:
             raise InputError("--trace", f"needs the trace extra: pip install 'gpuready[trace]' ({exc})") from None
-        with _spinner(not json_out, f"tracing {workload.model} on fake tensors"):
+        with spinner(f"tracing {workload.model} on fake tensors (tens of seconds)"):
             result = trace_estimate(workload, capacity)
     else:
         from gpuready.memory import estimate
@@ -90,20 +88,6 @@ def estimate_cmd(
 
         render(result, describe(workload), gpu_name)
     return 1 if result.fits is False else 0
-
-
-@contextlib.contextmanager
-def _spinner(enabled: bool, label: str) -> Iterator[None]:
-    """A spinner with the elapsed time on stderr while a long step runs (nothing under --json or when piped)."""
-    import sys
-
-    if not enabled or not sys.stderr.isatty():
-        yield
-        return
-    from rich.console import Console
-
-    with Console(stderr=True).status(f"{label} (tens of seconds)…"):
-        yield
 
 
 def _bar(result: MemoryEstimate, width: int = 60) -> Any:
@@ -183,7 +167,7 @@ def render(result: MemoryEstimate, summary: str, gpu_name: str | None) -> None:
             )
             if result.mitigations:
                 fix = Table(title="What would fit", title_justify="left")
-                fix.add_column("change")
+                fix.add_column("change", no_wrap=True)  # a flag set to copy: never broken
                 fix.add_column("peak on the device", justify="right")
                 fix.add_column("fits")
                 fix.add_column("note")
@@ -191,6 +175,11 @@ def render(result: MemoryEstimate, summary: str, gpu_name: str | None) -> None:
                     ok = "[green]yes[/]" if m["fits"] else "[red]no[/]"
                     fix.add_row(m["change"], format_bytes(m["peak_device_bytes"]), ok, m["note"])
                 console.print(fix)
+    from rich.text import Text
+
+    from gpuready.cli.layout import wrap
+
     console.print("[dim]assumptions:[/dim]")
-    for line in result.assumptions:
-        console.print(f"[dim]  - {line}[/dim]")
+    for assumption in result.assumptions:
+        for line in wrap(assumption, console.width, "    ", "  - "):
+            console.print(Text(line, style="dim"), highlight=False)

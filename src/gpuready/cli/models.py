@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
@@ -14,7 +14,10 @@ def register(app: typer.Typer) -> None:
     app.command("gpus", help="List the GPU catalog (memory, bandwidth, bf16 TFLOP/s, source).")(gpus_cmd)
 
 
-def models_cmd(json_out: JsonOpt = False) -> None:
+WideOpt = Annotated[bool, typer.Option("--wide", help="add the source column, however wide the terminal")]
+
+
+def models_cmd(wide: WideOpt = False, json_out: JsonOpt = False) -> None:
     from gpuready.models import load_presets, resolve_model
 
     rows: list[dict[str, Any]] = []
@@ -33,20 +36,29 @@ def models_cmd(json_out: JsonOpt = False) -> None:
     if json_out:
         print_json({"models": rows})
         return
-    from rich.console import Console
+    from rich import box
     from rich.table import Table
 
-    table = Table(title="Built-in models (any hub id of the same name resolves to the preset)")
-    for col in ("name", "hub id", "type", "params", "source"):
-        table.add_column(col, justify="right" if col == "params" else "left", overflow="fold")
+    console = _console(wide)
+    table = Table(
+        title="Built-in models (any hub id of the same name resolves to the preset)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    cols = ["name", "hub id", "type", "params"] + (["source"] if wide else [])
+    for col in cols:
+        table.add_column(col, justify="right" if col == "params" else "left", no_wrap=True)
     for r in rows:
         params = r["params"]
         shown = f"{params / 1e9:.2f} B" if params >= 1e9 else f"{params / 1e6:.1f} M"
-        table.add_row(r["name"], r["hub_id"], r["type"], shown, r["source"])
-    Console().print(table)
+        table.add_row(r["name"], r["hub_id"], r["type"], shown, *([r["source"]] if wide else []))
+    console.print(table)
+    if not wide:
+        console.print("[dim]sources: --wide or --json[/dim]")
 
 
-def gpus_cmd(json_out: JsonOpt = False) -> None:
+def gpus_cmd(wide: WideOpt = False, json_out: JsonOpt = False) -> None:
     from dataclasses import asdict
 
     from gpuready.catalog import load_gpus
@@ -55,19 +67,50 @@ def gpus_cmd(json_out: JsonOpt = False) -> None:
     if json_out:
         print_json({"gpus": [asdict(g) | {"usable_bytes": g.usable_bytes} for g in gpus]})
         return
-    from rich.console import Console
+    from rich import box
     from rich.table import Table
 
-    table = Table(title="GPU catalog")
-    for col in ("name", "memory", "bandwidth", "bf16 dense", "cc", "source"):
-        table.add_column(col, overflow="fold")
+    from gpuready.catalog.cards import bf16_supported
+
+    console = _console(wide)
+    table = Table(
+        title="GPU catalog (memory: the label; reports: what the driver shows)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    cols = ["name", "memory", "reports", "GB/s", "bf16 TFLOP/s", "cc"] + (["source"] if wide else [])
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("name", "source") else "right", no_wrap=True)
     for g in gpus:
+        bf16 = f"{g.bf16_dense_tflops:g}" if g.bf16_dense_tflops else "?"
+        if bf16_supported(g) is False:  # compute capability below 8.0: the catalog's figure is not bf16
+            bf16 = "no bf16"
         table.add_row(
             g.name,
             f"{g.memory_gb:g} GB",
-            f"{g.mem_bw_gbs:g} GB/s" if g.mem_bw_gbs else "?",
-            f"{g.bf16_dense_tflops:g} TFLOP/s" if g.bf16_dense_tflops else "?",
-            g.compute_capability or "?",
-            g.source_url,
+            f"{g.usable_bytes / 1024**3:.2f} GiB",
+            f"{g.mem_bw_gbs:g}" if g.mem_bw_gbs else "?",
+            bf16,
+            _cc(g.compute_capability, wide),
+            *([g.source_url] if wide else []),
         )
-    Console().print(table)
+    console.print(table)
+    if not wide:
+        console.print("[dim]sources: --wide or --json; bf16 needs compute capability (cc) 8.0 or newer[/dim]")
+
+
+def _console(wide: bool) -> Any:
+    """The terminal's console; with --wide one as wide as the table needs (lines longer than the terminal)."""
+    from rich.console import Console
+
+    return Console(width=400) if wide else Console()
+
+
+def _cc(text: str | None, wide: bool) -> str:
+    """Compute capability as `8.9`; other vendors' notes (AMD's gfx target) only with --wide."""
+    import re
+
+    if text and re.fullmatch(r"[0-9]+\.[0-9]+", text):
+        return text
+    return (text or "?") if wide else "-"

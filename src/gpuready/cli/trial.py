@@ -56,9 +56,7 @@ def _gib(value: Any) -> str:
 def trial_cmd(
     target: Annotated[
         list[str] | None,
-        typer.Argument(
-            metavar="MODEL|COMMAND", help="a model, or after `--` the command to run", show_default=False
-        ),
+        typer.Argument(metavar="MODEL|COMMAND", help="a model, or after `--` the command to run", show_default=False),
     ] = None,
     sweep: Annotated[str | None, typer.Option(help="VAR=V1,V2,... one variable, e.g. batch=1,2,4,8")] = None,
     sweep_arg: Annotated[
@@ -297,12 +295,25 @@ def history_cmd(
 
     console = Console()
     narrow = console.width < 100 and not wide
-    table = Table(title=f"trial history ({database.path})", title_justify="left")
+    from rich import box
+
+    table = Table(
+        title=f"trial history ({database.path})",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
     cols = ["id", "when", "kind", "target", "gpu", "variable", "points", "max", "largest peak", "status"]
-    if narrow:  # the GPU and the swept variable go; --wide or --json have them
-        cols = [c for c in cols if c not in ("gpu", "variable", "kind")]
+    if narrow:  # kind, GPU and the swept variable go (--wide and --json have them); max where no run has one
+        drop = {"gpu", "variable", "kind"} | ({"max"} if all(r.max_value is None for r in runs) else set())
+        cols = [c for c in cols if c not in drop]
+    longest = max((min(len(r.target), 40) for r in runs), default=6)
     for col in cols:
-        table.add_column(col, overflow="ellipsis" if col == "target" else "fold", no_wrap=col != "target")
+        if col == "target":  # a model name stays whole; a long command wraps at its spaces
+            table.add_column(col, min_width=min(longest, 32))
+        else:
+            table.add_column(col, no_wrap=True)
     styles = {"ok": "green", "partial": "yellow", "failed": "red", "interrupted": "yellow"}
     for r in runs:
         peaks = [int(p["peak_device_bytes"]) for p in r.points if p.get("ok") and p.get("peak_device_bytes")]
