@@ -258,3 +258,125 @@ def test_local_hf_cache_config_is_used_offline(monkeypatch: pytest.MonkeyPatch, 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
     assert fetch_config("org/tiny") == {"model_type": "llama", "hidden_size": 64}
+
+
+# ------------------------------------------------------------------------------------------------ more paths
+
+
+def test_env_snapshot_into_a_missing_folder_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    line = refused(capsys, "--output", "env", "snapshot", "-o", "/nonexistent/dir/x.json")
+    assert "/nonexistent/dir" in line
+
+
+def test_env_snapshot_onto_a_folder_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    refused(capsys, "--output", "env", "snapshot", "-o", str(tmp_path))
+
+
+def test_trial_chart_into_a_missing_folder_is_refused_and_not_created(capsys: pytest.CaptureFixture[str]) -> None:
+    refused(capsys, "--chart", "trial", "gpt2", "--chart", "/nonexistent/c.png")
+    assert not Path("/nonexistent").exists()
+
+
+def test_trial_chart_needs_png_or_svg(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    refused(capsys, "--chart", "trial", "gpt2", "--chart", str(tmp_path / "c.jpg"))
+
+
+def test_plan_prices_missing_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    refused(capsys, "--prices", "plan", "gpt2", "--prices", "/nonexistent/p.csv")
+
+
+# ------------------------------------------------------------------------------------------------ plan
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--hours", "0"), ("--steps", "0"), ("--tokens", "-5")])
+def test_plan_names_the_flag_typed(capsys: pytest.CaptureFixture[str], flag: str, value: str) -> None:
+    refused(capsys, flag, "plan", "gpt2", flag, value)
+
+
+def test_plan_gpu_restricts_to_that_card(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "plan", "llama-3.2-1b", "--gpu", "l4", "--gpu", "H100", "--json")
+    assert code == 0
+    assert sorted(o["gpu"] for o in json.loads(out)["options"]) == ["H100 SXM", "L4"]
+
+
+def test_plan_warns_where_bf16_is_missing(capsys: pytest.CaptureFixture[str]) -> None:
+    _, out, err = run(capsys, "plan", "gpt2", "--gpu", "T4", "--json")
+    assert "no bf16 on T4" in err and json.loads(out)["warnings"]
+    _, out, err = run(capsys, "plan", "gpt2", "--gpu", "T4", "--precision", "fp16", "--json")
+    assert "bf16" not in err and json.loads(out)["warnings"] == []
+
+
+# ------------------------------------------------------------------------------------------------ image
+
+
+def test_image_recommends_the_newest_torch_of_its_table(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from packaging.version import Version
+
+    from gpuready.doctor.tables import wheel_table
+
+    newest = max({r.torch for r in wheel_table()}, key=Version)
+    req = tmp_path / "requirements.txt"
+    req.write_text("numpy\n", encoding="utf-8")
+    code, out, _ = run(capsys, "image", "--requirements", str(req), "--gpu", "L4", "--json")
+    advice = json.loads(out)
+    assert code == 0
+    assert advice["recommended"]["torch"] == newest
+    # its architecture list is not in the table: the advice says so and names a release known to cover the L4
+    assert any("is not checked" in n and "8.9" in n for n in advice["notes"])
+
+
+def test_image_recommends_nothing_when_no_variant_suits(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    req = tmp_path / "requirements.txt"
+    req.write_text("torch==2.0.1\n", encoding="utf-8")
+    code, out, _ = run(capsys, "image", "--requirements", str(req), "--gpu", "RTX 5090", "--json")
+    advice = json.loads(out)
+    assert code == 0
+    assert advice["recommended"] is None
+    assert any("12.0" in n and "nothing to recommend" in n for n in advice["notes"])
+
+
+# ------------------------------------------------------------------------------------------------ help
+
+
+def test_help_keeps_brackets(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "estimate", "--help")
+    assert code == 0
+    assert "gpuready[trace]" in out and "[default: train]" in out
+
+
+def test_trial_help_keeps_workload_flags_bracket(capsys: pytest.CaptureFixture[str]) -> None:
+    _, out, _ = run(capsys, "trial", "--help")
+    assert "[workload flags]" in " ".join(out.split())
+
+
+def test_storage_help_shows_path_and_its_options(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "storage", "--help")
+    assert code == 0
+    assert "[path]" in out.lower() and "--model" in out and "--json" in out and "dupes" in out
+
+
+def test_version_debug_and_completion_are_in_the_help(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuready import __version__
+
+    _, out, _ = run(capsys, "--help")
+    assert "--version" in out and "--debug" in out and "--install-completion" in out
+    assert run(capsys, "--version") == (0, f"gpuready {__version__}\n", "")
+
+
+def test_show_completion_prints_a_bash_script(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "--show-completion", "bash")
+    assert code == 0 and "_gpuready_completion" in out
+
+
+def test_a_bug_is_one_line_and_debug_shows_the_traceback(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def boom(*args: object, **kwargs: object) -> None:
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr("gpuready.cli.models.print_json", boom)
+    code, _, err = run(capsys, "models", "--json")
+    assert code == 1 and err.count("\n") == 1
+    assert err.startswith("gpuready: internal error: ZeroDivisionError") and "--debug" in err
+    with pytest.raises(ZeroDivisionError):
+        main(["models", "--json", "--debug"])

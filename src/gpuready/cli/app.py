@@ -94,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except SystemExit as exc:  # typer's --show-completion / --install-completion exit by themselves
+        return exc.code if isinstance(exc.code, int) else 0
     except Exception as exc:  # a bug in gpuready: still one line, the traceback behind --debug
         if debug:
             raise
