@@ -1,4 +1,4 @@
-"""Run the steps of the careful method for one job and give one verdict (CONTRACT.md `gpuready check`).
+"""Run the steps of the careful method for one job and give one verdict (docs/cli.md `gpuready check`).
 
 Each step calls the capability that owns it (memory.estimate, doctor.doctor, trial.api.trial_probe,
 storage.projection) and turns its answer into `{name, status, checks}`; nothing here measures anything itself.

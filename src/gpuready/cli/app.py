@@ -65,7 +65,7 @@ def _one_line(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: runs the app and maps every error to one line on stderr and CONTRACT.md's exit codes."""
+    """Entry point: runs the app and maps every error to one line on stderr and docs/cli.md's exit codes."""
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     if debug:

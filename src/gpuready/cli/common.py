@@ -97,7 +97,7 @@ def warn(lines: list[str]) -> None:
 
 
 def with_workload(func: F) -> F:
-    """Add the CONTRACT.md workload flags to a command; it receives `workload_flags: dict` instead."""
+    """Add the docs/cli.md workload flags to a command; it receives `workload_flags: dict` instead."""
     sig = inspect.signature(func)
     hints = typing.get_type_hints(func, include_extras=True)  # string annotations -> objects Typer can read
     own = [
@@ -124,7 +124,7 @@ def with_workload(func: F) -> F:
 
 
 def print_json(data: Any) -> None:
-    """One JSON document on stdout, nothing else there (CONTRACT.md)."""
+    """One JSON document on stdout, nothing else there (docs/cli.md)."""
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 

@@ -1,4 +1,4 @@
-"""What a trial returns: measured points (CONTRACT.md `gpuready trial --json`), the max found, the fit."""
+"""What a trial returns: measured points (docs/cli.md `gpuready trial --json`), the max found, the fit."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from typing import Protocol
 from gpuready.errors import InputError
 from gpuready.trial.result import Point
 
-# Workload fields the built-in probe can sweep (CONTRACT.md flags); one at a time.
+# Workload fields the built-in probe can sweep (docs/cli.md flags); one at a time.
 PROBE_VARIABLES = ("batch", "seq", "new_tokens", "image_size", "lora_r", "grad_accum")
 # Variables along which a failure at v means every larger value fails too (memory grows with them).
 MONOTONE = ("batch", "seq", "new_tokens", "image_size", "lora_r")
@@ -42,7 +42,7 @@ def parse_values(field: str, text: str) -> list[int]:
 
 
 def parse_sweep(text: str) -> tuple[str, list[int]]:
-    """`batch=1,2,4,8` -> ("batch", [1, 2, 4, 8]); variables as CONTRACT.md names them (dashes allowed)."""
+    """`batch=1,2,4,8` -> ("batch", [1, 2, 4, 8]); variables as docs/cli.md names them (dashes allowed)."""
     name, sep, vals = text.partition("=")
     var = name.strip().lstrip("-").replace("-", "_")
     if not sep or var not in PROBE_VARIABLES:

@@ -1,4 +1,4 @@
-"""The task definition shared by estimate, plan, trial and check (CONTRACT.md, "The workload")."""
+"""The task definition shared by estimate, plan, trial and check (docs/cli.md, "The workload")."""
 
 from gpuready.workload.spec import (
     FIELDS,

@@ -1,6 +1,6 @@
 """The workload: model, task, method, shapes, precision, optimizer, parallelism.
 
-Field names are the CONTRACT.md flags with dashes turned into underscores; a TOML workload file uses the
+Field names are the docs/cli.md flags with dashes turned into underscores; a TOML workload file uses the
 same names (either spelling). Validation errors become one-line `InputError`s naming the flag.
 """
 
@@ -23,7 +23,7 @@ Shard = Literal["none", "ddp", "fsdp", "zero1", "zero2", "zero3"]
 
 
 class Workload(BaseModel):
-    """One job, as CONTRACT.md defines it. Immutable; use `model_copy(update=...)` for variants."""
+    """One job, as docs/cli.md defines it. Immutable; use `model_copy(update=...)` for variants."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -150,7 +150,7 @@ _BOOL_FLAGS = {"grad_ckpt"}
 
 
 def workload_from_args(args: list[str] | str) -> Workload:
-    """Parse CONTRACT.md's workload arguments (`MODEL --flag value ...`), as the calibration files write jobs."""
+    """Parse docs/cli.md's workload arguments (`MODEL --flag value ...`), as the calibration files write jobs."""
     import shlex
 
     words = shlex.split(args) if isinstance(args, str) else list(args)
