@@ -125,6 +125,11 @@ def test_lora_targets_must_exist_in_the_model(capsys: pytest.CaptureFixture[str]
     assert "foo, bar" in line and "q_proj" in line
 
 
+def test_lora_flags_with_full_fine_tuning_warn(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "estimate", "gpt2", "--lora-targets", "c_attn", "--json")
+    assert code == 0 and "warning: --lora-targets/--lora-r: ignored with --method full" in err
+
+
 def test_lora_targets_that_exist_are_taken(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(
         capsys, "estimate", "llama-3.2-1b", "--method", "lora", "--lora-targets", "q_proj,v_proj", "--json"
@@ -157,6 +162,14 @@ def test_seq_past_rope_context_warns(capsys: pytest.CaptureFixture[str]) -> None
 def test_range_message_says_the_real_range(capsys: pytest.CaptureFixture[str]) -> None:
     line = refused(capsys, "--batch", "estimate", "gpt2", "--batch", "2000000")
     assert "from 1 to 1,000,000" in line
+
+
+def test_a_bad_value_from_the_workload_file_names_the_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    toml = tmp_path / "job.toml"
+    toml.write_text('model = "gpt2"\nbatch = 0\n', encoding="utf-8")
+    line = refused(capsys, "--workload", "estimate", "--workload", str(toml))
+    assert "job.toml: batch:" in line
+    refused(capsys, "--batch", "estimate", "--workload", str(toml), "--batch", "-1")
 
 
 def _gemma3_text(tmp_path: Path, **extra: object) -> Path:
@@ -317,12 +330,29 @@ def test_image_recommends_the_newest_torch_of_its_table(capsys: pytest.CaptureFi
     newest = max({r.torch for r in wheel_table()}, key=Version)
     req = tmp_path / "requirements.txt"
     req.write_text("numpy\n", encoding="utf-8")
+    code, out, _ = run(capsys, "image", "--requirements", str(req), "--json")
+    advice = json.loads(out)
+    assert code == 0 and advice["gpu"] is None
+    assert advice["recommended"]["torch"] == newest
+
+
+def test_image_for_a_known_gpu_takes_a_release_known_to_cover_it_and_says_so(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from packaging.version import Version
+
+    from gpuready.doctor.tables import wheel_table
+
+    covering = [r for r in wheel_table() if r.archs]
+    newest = max({r.torch for r in wheel_table()}, key=Version)
+    req = tmp_path / "requirements.txt"
+    req.write_text("numpy\n", encoding="utf-8")
     code, out, _ = run(capsys, "image", "--requirements", str(req), "--gpu", "L4", "--json")
     advice = json.loads(out)
-    assert code == 0
-    assert advice["recommended"]["torch"] == newest
-    # its architecture list is not in the table: the advice says so and names a release known to cover the L4
-    assert any("is not checked" in n and "8.9" in n for n in advice["notes"])
+    chosen = advice["recommended"]["torch"]
+    assert code == 0 and chosen in {r.torch for r in covering}
+    if chosen != newest:  # the newer release is named, with why it is not the pick
+        assert any(f"torch {newest} is newer" in n and "8.9" in n for n in advice["notes"])
 
 
 def test_image_recommends_nothing_when_no_variant_suits(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

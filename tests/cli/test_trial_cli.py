@@ -14,7 +14,7 @@ from gpuready.cli.app import main
 def test_trial_command_json_and_history(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("gpuready.trial.preflight.missing_for_trial", lambda kind: [])  # as on a GPU machine
+    monkeypatch.setattr("gpuready.trial.preflight.missing_for_trial", lambda kind, nproc: [])  # as on a GPU machine
     db = str(tmp_path / "r.db")
     script = tmp_path / "t.py"
     script.write_text("import sys\nprint('hi')\nsys.exit(0 if int(sys.argv[1].split('=')[1]) < 4 else 1)\n")
@@ -74,6 +74,8 @@ def test_trial_probe_names_missing_torch() -> None:
     assert missing_for_trial("command", read_nvml=gpu, has_module=lambda name: False) == []
     none = missing_for_trial("command", read_nvml=lambda: NvmlReport(driver_version="580.0"))
     assert none and none[0].startswith("no GPU visible")
+    two = missing_for_trial("probe", nproc=2, read_nvml=gpu, has_module=lambda name: True)
+    assert two == ["--nproc 2 needs 2 GPUs; this machine has 1"]
 
 
 def test_history_refuses_an_unknown_kind_and_a_missing_db(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

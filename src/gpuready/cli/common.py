@@ -67,18 +67,26 @@ def build_workload(model: str | None, flags: dict[str, Any]) -> Workload:
     from gpuready.workload import load_workload_file, make_workload  # pydantic: only commands that need it
 
     file_arg = flags.pop("workload_file", None)
+    from gpuready.errors import InputError
+
     fields: dict[str, Any] = {}
     path = Path(file_arg) if file_arg else Path(DEFAULT_WORKLOAD_FILE)
     if file_arg or path.is_file():
         fields.update(load_workload_file(path))
+    from_file = set(fields)
+    typed = {k for k, v in flags.items() if v is not None}
     fields.update({k: v for k, v in flags.items() if v is not None})
     if model:
         fields["model"] = model
     if "model" not in fields:
-        from gpuready.errors import InputError
-
         raise InputError("MODEL", "no model given; name a preset (see `gpuready models`), a config.json or folder")
-    return make_workload(**fields)
+    try:
+        return make_workload(**fields)
+    except InputError as exc:
+        key = exc.field.removeprefix("--").replace("-", "_")
+        if key in from_file and key not in typed:  # the value came from the workload file: name it there
+            raise InputError("--workload", f"{path}: {key}: {exc.message}") from None
+        raise
 
 
 def build_job(model: str | None, flags: dict[str, Any]) -> CheckedWorkload:

@@ -74,6 +74,7 @@ def render(result: PlanResult, wide: bool = False) -> None:
         title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
+        collapse_padding=True,
     )
     for col in cols:
         table.add_column(col, justify="left" if col == "GPU" else "right", no_wrap=True)
@@ -81,7 +82,7 @@ def render(result: PlanResult, wide: bool = False) -> None:
         cells = {
             "GPU": f"{o.count} x {o.gpu}" if o.count > 1 else o.gpu,
             "fits": "[green]yes[/]" if o.fits else "[red]no[/]",
-            "headroom": format_bytes(o.headroom_bytes),
+            "headroom": f"{o.headroom_bytes / 1024**3:.1f} GiB",
             "batch": str(o.max_batch),
             "step": f"{o.step_seconds:.2f} s" if o.step_seconds is not None else "?",
             "job": _hours(o.job_hours),

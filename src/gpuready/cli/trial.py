@@ -122,7 +122,7 @@ def trial_cmd(
             from gpuready.catalog.cards import parse_gpu_memory
 
             emulate = parse_gpu_memory(gpu_memory, "--gpu-memory").bytes
-    missing = missing_for_trial("command" if is_command else "probe")
+    missing = missing_for_trial("command", nproc=None) if is_command else missing_for_trial("probe", nproc=nproc)
     if missing:
         raise GpureadyError(f"trial: this machine cannot run it: {'; '.join(missing)}; nothing was run")
     database = None if no_db else ResultsDB(db)
@@ -176,7 +176,13 @@ def trial_cmd(
     if chart is not None and result.variable:
         from gpuready.trial.chart import write_chart
 
-        written = write_chart(result, chart, predict)
+        try:
+            written = write_chart(result, chart, predict)
+        except OSError as exc:  # the folder was checked before the trial; it can still vanish or fill up
+            why = exc.strerror or str(exc)
+            raise GpureadyError(f"--chart: could not write {chart} ({why}); the runs are recorded") from None
+        if written.suffix != chart.suffix:
+            sys.stderr.write(f"gpuready: warning: --chart: matplotlib is not installed; wrote {written} instead\n")
         result = type(result)(**{**result.__dict__, "chart_path": str(written)})
     if json_out:
         print_json(result.to_json())
@@ -298,7 +304,7 @@ def history_cmd(
     from rich import box
 
     table = Table(
-        title=f"trial history ({database.path})",
+        title="trial history",
         title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
@@ -333,6 +339,7 @@ def history_cmd(
             "status": f"[{styles[outcome]}]{outcome}[/]" if outcome in styles else outcome,
         }
         table.add_row(*(cells[c] for c in cols))
+    console.print(f"results database: {database.path}", highlight=False, soft_wrap=True)
     console.print(table)
     if not runs:
         console.print("no runs" + (" match these filters" if any((model, kind, status, gpu)) else " yet"))

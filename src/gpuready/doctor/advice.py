@@ -101,11 +101,12 @@ def newest_release_with(
     capabilities: list[Capability],
     python: tuple[int, int] | None = None,
 ) -> VariantOption | None:
-    """The newest torch release in the table with a variant this machine can run (arch list known)."""
+    """The newest torch release in the table with a variant this machine can run: with GPUs known, one whose
+    architecture list is known to cover them; without, the newest (as `gpuready image` recommends)."""
     releases = sorted({r.torch for r in wheel_table()}, key=Version, reverse=True)
     for release in releases:
         option = best_variant(release, driver_cuda, driver, capabilities, python)
-        if option is not None and option.covers_gpus is not False and option.row.archs:
+        if option is not None and option.covers_gpus is not False and (option.row.archs or not capabilities):
             return option
     return None
 

@@ -130,7 +130,7 @@ def advise_image(
     if requirements is not None:
         spec = _torch_spec_from_requirements(requirements)
         if spec is None:
-            notes.append(f"{requirements} does not name torch; showing the newest releases")
+            notes.append(f"{requirements} does not name torch: every release in the table is allowed")
     elif snap is not None and snap.get("torch"):
         spec = SpecifierSet(f"=={str(snap['torch']['version']).split('+', 1)[0]}")
     if snap is not None:
@@ -193,18 +193,23 @@ def advise_image(
             notes.append(f"no torch variant in the table supports compute capability {cc}; nothing to recommend")
         else:
             notes.append("no torch variant in the table suits this driver and Python; nothing to recommend")
+    elif caps and checked is not None:
+        # a known GPU: the newest release whose wheels are known to carry its architecture
+        chosen_release = checked[0]
+        options = options_for(chosen_release, driver_cuda, driver, caps, python)
+        if newest[0] != chosen_release:
+            cc = ", ".join(format_capability(c) for c in caps)
+            notes.append(
+                f"torch {newest[0]} is newer, but its GPU architecture list is not in the table; torch "
+                f"{chosen_release} is the newest known to cover compute capability {cc}"
+            )
     else:
         chosen_release, options = newest
-        if caps and (checked is None or checked[0] != chosen_release):
+        if caps:
             cc = ", ".join(format_capability(c) for c in caps)
-            known = (
-                f"torch {checked[0]} {checked[1].row.variant} is the newest known to cover it"
-                if checked is not None
-                else "no release in the table is known to cover it"
-            )
             notes.append(
-                f"warning: torch {chosen_release}'s GPU architecture list is not in the table, so compute capability"
-                f" {cc} is not checked for it; {known}"
+                f"warning: no torch release in the table is known to cover compute capability {cc}; "
+                f"torch {chosen_release}'s architecture list is not in the table, so it is not checked"
             )
     pinned = version if version and torch_release(version) == chosen_release else None
     shown = tuple(_option(o, pinned) for o in options)

@@ -21,6 +21,7 @@ _DRIVER = {
 def missing_for_trial(
     kind: Literal["probe", "command"],
     *,
+    nproc: int | None = None,
     read_nvml: Callable[[], NvmlReport] | None = None,
     has_module: Callable[[str], bool] | None = None,
 ) -> list[str]:
@@ -43,5 +44,7 @@ def missing_for_trial(
     if not report.available:
         missing.append(_DRIVER.get(report.error_kind or "", report.error or "NVML did not start"))
     elif not report.gpus:
-        missing.append("no GPU visible (NVML counts none; check CUDA_VISIBLE_DEVICES and the container's --gpus)")
+        missing.append("no GPU visible (NVML counts none; check the container's --gpus)")
+    elif nproc is not None and nproc > len(report.gpus):
+        missing.append(f"--nproc {nproc} needs {nproc} GPUs; this machine has {len(report.gpus)}")
     return missing

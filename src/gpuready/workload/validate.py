@@ -42,6 +42,8 @@ def check_workload(w: Workload, spec: ModelSpec | None = None) -> CheckedWorkloa
     spec = spec or model_spec(w)
     warnings: list[str] = []
     assumptions: list[str] = []
+    if w.method == "full" and ({"lora_targets", "lora_r"} & w.model_fields_set):
+        warnings.append("--lora-targets/--lora-r: ignored with --method full (add --method lora or qlora)")
     if w.method != "full" and w.lora_targets:
         if spec.kind != "lm":
             raise InputError("--lora-targets", f"{spec.name} is a vision model; LoRA targets apply to language models")
