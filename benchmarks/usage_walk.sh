@@ -34,7 +34,7 @@ step gpuready models
 step gpuready gpus
 step gpuready estimate qwen2.5-7b --method lora --seq 4096 --batch 2 --gpu A100-40GB
 step gpuready estimate qwen2.5-7b --method lora --seq 4096 --batch 2 --gpu-memory 24
-step gpuready estimate qwen2.5-7b --method lora --seq 4096 --batch 2 --gpu-memory 80GB --json "| head -c 300; echo"
+step gpuready estimate qwen2.5-7b --method lora --seq 4096 --batch 2 --gpu-memory 80GB --json "| grep -E '^  \"(gpu_memory_bytes|fits|max_batch)\"'"
 step gpuready estimate gpt2 --seq 4096
 step gpuready estimate qwen2.5-7b --method lora --lora-targets q_proj,foo
 step gpuready estimate Qwen/Qwen2.5-14B-Instruct

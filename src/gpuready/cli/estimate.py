@@ -49,7 +49,7 @@ def estimate_cmd(
         ),
     ] = None,
     trace: Annotated[
-        bool, typer.Option("--trace", help="run the real model code on fake tensors (needs gpuready[trace])")
+        bool, typer.Option(help="run the real model code on fake tensors (needs gpuready[trace])")
     ] = False,
     json_out: JsonOpt = False,
     workload_flags: dict[str, Any] | None = None,
