@@ -104,6 +104,8 @@ def test_history_shows_failed_and_partial_runs_as_such(capsys: pytest.CaptureFix
     assert [r["status"] for r in runs] == ["partial", "failed"]
     assert main(["history", "--db", str(path), "--status", "failed", "--json"]) == 0
     assert [r["id"] for r in json.loads(capsys.readouterr().out)["runs"]] == [failed]
+    assert main(["history", "--db", str(path), "--status", "done", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["runs"]) == 2
     assert main(["history", "--db", str(path)]) == 0
     out = capsys.readouterr().out
     assert "partial" in out and "failed" in out and "done" not in out

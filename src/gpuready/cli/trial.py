@@ -264,13 +264,16 @@ def _render(result: Any, predict: Any) -> None:
 
 
 RUN_KINDS = ("probe", "command")
-RUN_STATUSES = ("ok", "partial", "failed", "interrupted", "running")
+RUN_STATUSES = ("ok", "partial", "failed", "interrupted", "running", "done")
+FINISHED = ("ok", "partial", "failed")  # `--status done` (gpuready 0.1's word): finished, whatever the outcome
 
 
 def history_cmd(
     model: Annotated[str | None, typer.Option("--model", help="model or command contains this text")] = None,
     kind: Annotated[str | None, typer.Option(help="probe or command")] = None,
-    status: Annotated[str | None, typer.Option(help="ok, partial, failed, interrupted or running")] = None,
+    status: Annotated[
+        str | None, typer.Option(help="ok, partial, failed, interrupted, running; done = ok, partial or failed")
+    ] = None,
     gpu: Annotated[str | None, typer.Option(help="GPU name contains this text")] = None,
     limit: Annotated[int, typer.Option(help="newest N runs", min=1)] = 20,
     db: DbOpt = None,
@@ -289,7 +292,8 @@ def history_cmd(
     with ResultsDB(db) as database:
         runs = database.runs(target=model, kind=kind, gpu=gpu, limit=None)
     if status is not None:
-        runs = [r for r in runs if r.outcome == status.lower()]
+        wanted = FINISHED if status.lower() == "done" else (status.lower(),)
+        runs = [r for r in runs if r.outcome in wanted]
     runs = runs[:limit]
     if json_out:
         print_json({"db": str(database.path), "runs": [r.to_json() for r in runs]})
