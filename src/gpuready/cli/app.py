@@ -25,6 +25,7 @@ app = typer.Typer(
 
 # Each module defines `register(app)`. Keep this list sorted; one line per command group.
 COMMAND_MODULES = (
+    "gpuready.cli.bench",
     "gpuready.cli.check",
     "gpuready.cli.doctor",
     "gpuready.cli.estimate",
