@@ -153,3 +153,30 @@ def probe_run(
         return runner.ProcessResult(list(argv), returncode, 7.0, output_tail=tail or [])
 
     return run
+
+
+def record_file(tmp_path: Path, name: str, *, step_seconds: float, price: float, **kwargs: Any) -> Path:
+    """A bench record made by bench() with these fakes, written to tmp_path/NAME.json."""
+    from gpuready.bench import bench
+    from gpuready.bench.record import Disk
+
+    rec = bench(
+        minutes=kwargs.pop("minutes", 0.1),
+        interval_seconds=kwargs.pop("interval_seconds", 1.0),
+        nvml_report=fakes_report(kwargs.pop("gpus", 1)),
+        health=FakeHealth(),
+        run=kwargs.pop("run", None) or probe_run(step_seconds=step_seconds, slow=kwargs.pop("slow", None)),
+        run_doctor=FakeDoctor,
+        disk_test=lambda p, **k: Disk(path=str(p), write_bytes_per_second=1.2e9, read_bytes_per_second=2.5e9),
+        label=name,
+        price_per_hour=price,
+        sample_seconds=0.02,
+        **kwargs,
+    )
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(rec.to_json()))
+    return path
+
+
+def fakes_report(gpus: int) -> Callable[[], NvmlReport]:
+    return lambda: report(gpus)

@@ -224,6 +224,11 @@ def _render_record(record: Any, output: Path | None) -> None:
 
     console = Console()
     r = record
+    if r.status == "no_gpu":
+        console.print(f"[red]bench: {r.error}[/red]", highlight=False)
+        if output is not None:
+            console.print(f"record: {output}")
+        return
     gpus = r.machine.gpus
     gpu = f"{len(gpus)} x {gpus[0].name}" if gpus else "no GPU"
     table = Table(title=f"bench: {r.machine.label} ({gpu})", show_header=False)

@@ -36,6 +36,9 @@ def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
+REFERENCE = {"ordered_at": "order", "boot": "boot", "container_start": "container start", "bench_start": "bench start"}
+
+
 def _seconds(v: float | None) -> str:
     if v is None:
         return "unknown"
@@ -70,7 +73,10 @@ def _table(c: Comparison) -> str:
         ("status", [(r.status if r.completed else f"{r.status}: {r.error or 'fault'}", not r.completed) for r in rows]),
         (
             "start-up (time to ready)",
-            [(f"{_seconds(r.startup_seconds)} from {r.startup_reference}", False) for r in rows],
+            [
+                (f"{_seconds(r.startup_seconds)} from {REFERENCE.get(r.startup_reference, r.startup_reference)}", False)
+                for r in rows
+            ],
         ),
         (
             "environment problems",
@@ -125,7 +131,9 @@ def render_compare(c: Comparison) -> str:
     startup = bar_chart(
         [Bar(r.label, r.startup_seconds, f"{_seconds(r.startup_seconds)} ({r.startup_reference})") for r in c.rows],
         chart_id="startup",
-        title="Time to ready (to the first GPU step)",
+        title="Time to ready: from "
+        + " / ".join(sorted({REFERENCE.get(r.startup_reference, "?") for r in c.rows}))
+        + " to the first GPU step",
         value_label="seconds",
     )
     verdict_cls = "verdict" if c.best else "verdict none"
