@@ -62,9 +62,13 @@ def test_records_of_different_jobs_are_flagged(tmp_path: Path) -> None:
     a = _record(tmp_path, "a", step_seconds=0.1, price=2.0)
     data = json.loads(a.read_text())
     data["job"]["description"] = "gpt2 · train"
+    data["job"]["workload"]["model"] = "gpt2"
     b = tmp_path / "b.json"
     b.write_text(json.dumps(data))
     assert any("different jobs" in w for w in compare(load_records([a, b])).warnings)
+    # the same job on two GPUs is the same job on a bigger platform
+    two = fakes.record_file(tmp_path, "two", step_seconds=0.1, price=4.0, nproc=2, gpus=2, run=fakes.probe_run(ranks=2))
+    assert compare(load_records([a, two])).warnings == []
 
 
 def test_unreadable_or_newer_records_name_the_file(tmp_path: Path) -> None:

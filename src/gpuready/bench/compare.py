@@ -107,6 +107,15 @@ def load_records(paths: list[Path]) -> list[tuple[str, BenchRecord]]:
     return out
 
 
+def job_key(r: BenchRecord) -> str:
+    """What makes two records the same job: the workload per GPU and the seed (how many GPUs ran it is the
+    platform, not the job), or the command line."""
+    if r.job.kind == "command":
+        return " ".join(r.job.argv or [])
+    per_gpu = {k: v for k, v in (r.job.workload or {}).items() if k not in ("gpus", "shard")}
+    return json.dumps({"workload": per_gpu, "seed": r.job.seed}, sort_keys=True)
+
+
 def _faulted(r: BenchRecord) -> bool:
     return r.status != "ok" or bool(r.health.xid_events) or bool(r.health.ecc_uncorrected_new)
 
@@ -195,9 +204,10 @@ def compare(
         ]
     warnings: list[str] = []
     units = {r.unit for r in rows if r.unit}
-    jobs = {r.job for r in rows}
+    jobs = {job_key(r) for _, r in records}
     if len(jobs) > 1:
-        warnings.append("the records ran different jobs; compare like with like: " + " | ".join(sorted(jobs)))
+        names = sorted({r.job for r in rows})
+        warnings.append("the records ran different jobs; compare like with like: " + " | ".join(names))
     unit = next(iter(units)) if len(units) == 1 else None
     if len(units) > 1:
         warnings.append(f"the records count different units ({', '.join(sorted(units))}): no cost per unit")
