@@ -194,3 +194,37 @@ def test_bad_arguments_name_the_flag(tmp_path: Path) -> None:
         _bench(tmp_path, nproc=0)
     with pytest.raises(InputError, match="--ordered-at"):
         _bench(tmp_path, ordered_at=time.time() + 3600)
+
+
+def test_a_command_is_stopped_at_minutes_and_that_is_not_a_fault(tmp_path: Path) -> None:
+    cmd = _script(
+        tmp_path,
+        "import json, time\n"
+        "n = 0\n"
+        "while True:\n"
+        "    n += 1\n"
+        "    time.sleep(0.02)\n"
+        "    print('GPUREADY_STEP ' + json.dumps({'step': n, 'end': time.time(), 'seconds': 0.02, 'units': 8}),"
+        " flush=True)\n",
+    )
+    record = _bench(tmp_path, command=cmd, run=None, minutes=0.02, interval_seconds=0.2)
+    assert record.status == "ok" and record.error is None
+    assert record.throughput.steps > 10 and record.throughput.median_per_second is not None
+    assert record.job.unit is None and record.job.minutes == 0.02
+
+
+def test_the_progress_bar_follows_the_phases() -> None:
+    from gpuready.bench.run import Progress
+    from gpuready.cli.bench import _BenchProgress
+
+    bar = _BenchProgress()
+    for p in (
+        Progress("checking"),
+        Progress("loading", total_seconds=60),
+        Progress("running", elapsed_seconds=30, total_seconds=60, steps=300, per_second=45000.0, unit="tokens"),
+    ):
+        bar.update(p)
+    task = bar.bar.tasks[0]
+    assert task.total == 60 and task.completed == 30 and "45,000 tokens/s" in task.description
+    bar.update(Progress("disk"))
+    assert bar.bar.tasks[0].description == "bench: testing the disk"
