@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from gpuready.workload import Workload, make_workload
 
 _LAZY = {
-    "bench": ("gpuready.bench", "bench"),
+    "run_bench": ("gpuready.bench", "bench"),
     "compare_benches": ("gpuready.bench", "compare"),
     "estimate": ("gpuready.memory", "estimate"),
     "MemoryEstimate": ("gpuready.memory", "MemoryEstimate"),
@@ -22,7 +22,7 @@ _LAZY = {
     "make_workload": ("gpuready.workload", "make_workload"),
 }
 
-__all__ = ["MemoryEstimate", "Workload", "__version__", "bench", "compare_benches", "estimate", "make_workload"]
+__all__ = ["MemoryEstimate", "Workload", "__version__", "compare_benches", "estimate", "make_workload", "run_bench"]
 
 
 def __getattr__(name: str) -> Any:
