@@ -298,6 +298,12 @@ def bench(
         unit=unit,
         minutes=duration if duration is not None else 0.0,
     )
+    spec: dict[str, Any] | None = None
+    if workload is not None and command is None:
+        # the job's spec first: a model that cannot be resolved is bad input, before anything starts
+        spec = probe_spec(workload)
+        spec["bench"] = {"duration_seconds": duration_s or 0.0}
+        spec["seed"] = seed
     if on_progress is not None:
         on_progress(Progress("checking"))
     report = (nvml_report or read_nvml)()
@@ -371,7 +377,8 @@ def bench(
                 unit = "runs"
         else:
             assert workload is not None
-            status, error, memory = _run_probe(workload, nproc, seed, duration_s or 0.0, timeout, run, watch, pid_box)
+            assert spec is not None
+            status, error, memory = _run_probe(spec, nproc, duration_s or 0.0, timeout, run, watch, pid_box)
     except runner.Interrupted:
         interrupted = True
         status, error = "interrupted", "interrupted (Ctrl-C); the steps before it are kept"
@@ -448,18 +455,14 @@ def _is_vision(workload: Workload | None) -> bool:
 
 
 def _run_probe(
-    workload: Workload,
+    spec: dict[str, Any],
     nproc: int | None,
-    seed: int,
     duration_s: float,
     timeout: float | None,
     run: runner.RunFn,
     watch: _Watch,
     pid_box: list[int],
 ) -> tuple[str, str | None, Memory]:
-    spec = probe_spec(workload)
-    spec["bench"] = {"duration_seconds": duration_s}
-    spec["seed"] = seed
     with tempfile.TemporaryDirectory(prefix="gpuready-bench-") as tmp:
         spec_path = Path(tmp) / "spec.json"
         out_path = Path(tmp) / "result.json"
