@@ -21,8 +21,10 @@ run() {  # NAME LABEL CUDA_VISIBLE_DEVICES [bench flags...]
   local name=$1 label=$2 devices=$3
   shift 3
   local s=$(date +%s)
+  # both platforms are the same machine, benched one after the other: time to ready counts from each bench's
+  # own start (--ordered-at now), not from the machine's start, which would charge the second the first's run
   CUDA_VISIBLE_DEVICES=$devices "$PY" -m gpuready bench --minutes "$MINUTES" --label "$label" \
-    --disk-path "$WORK" --disk-size 256MiB -o "$OUT/$name.json" "$@" >"$OUT/$name.txt" 2>&1
+    --ordered-at "$s" --disk-path "$WORK" --disk-size 256MiB -o "$OUT/$name.json" "$@" >"$OUT/$name.txt" 2>&1
   local rc=$?
   echo "exit status $rc, $(( $(date +%s) - s )) s" >>"$OUT/$name.txt"
   echo "$name: exit $rc in $(( $(date +%s) - s )) s"

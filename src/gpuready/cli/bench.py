@@ -12,7 +12,7 @@ from gpuready.cli.common import JsonOpt, build_workload, print_json, with_worklo
 
 DbOpt = Annotated[
     Path | None,
-    typer.Option("--db", help="results database [default: the user's data folder/gpuready/results.db]"),
+    typer.Option("--db", help="results database (default: the user's data folder/gpuready/results.db)"),
 ]
 
 
@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
         help=(
             "Benchmark this machine on one fixed job for --minutes: time to ready, the doctor's verdict, throughput"
             " and its stability, GPU health (throttling, Xid, ECC), peak memory, disk speed, price."
-            " `gpuready bench [MODEL] [workload flags]` (default: llama-3.2-1b full fine-tune, batch 4, seq 1024)"
+            " `gpuready bench MODEL (workload flags)`, by default llama-3.2-1b full fine-tune, batch 4, seq 1024,"
             " or `gpuready bench -- python train.py`."
         ),
         context_settings={"allow_interspersed_args": True},
@@ -65,7 +65,7 @@ def bench_cmd(
         list[str] | None, typer.Argument(help="MODEL, or after `--` the command to run", show_default=False)
     ] = None,
     minutes: Annotated[
-        float | None, typer.Option(help="minutes the job runs after its first step [default: 5; a command: to its end]")
+        float | None, typer.Option(help="minutes the job runs after its first step (default: 5; a command: to its end)")
     ] = None,
     nproc: Annotated[int | None, typer.Option(help="GPUs for the built-in job (torchrun; DDP when > 1)")] = None,
     seed: Annotated[int, typer.Option(help="seed of the random weights and tokens")] = 0,
@@ -74,16 +74,16 @@ def bench_cmd(
         typer.Option("--ordered-at", help="when you ordered the machine (ISO time or epoch): time to ready from it"),
     ] = None,
     price_per_hour: Annotated[
-        float | None, typer.Option("--price-per-hour", help="what the GPUs used cost per hour [default: catalog]")
+        float | None, typer.Option("--price-per-hour", help="what the GPUs used cost per hour (default: catalog)")
     ] = None,
     prices: Annotated[Path | None, typer.Option(help="CSV gpu,price_per_gpu_hour laid over the catalog's")] = None,
     disk_path: Annotated[Path, typer.Option("--disk-path", help="folder whose disk is tested")] = Path("."),
     disk_size: Annotated[str, typer.Option("--disk-size", help="bytes written by the disk test, at most")] = "1GiB",
     no_disk: Annotated[bool, typer.Option("--no-disk", help="skip the disk test")] = False,
     interval: Annotated[
-        float | None, typer.Option(help="seconds per throughput interval [default: max(5, run/30)]")
+        float | None, typer.Option(help="seconds per throughput interval (default: max(5, run/30))")
     ] = None,
-    label: Annotated[str | None, typer.Option(help="the platform's name in compare [default: host name]")] = None,
+    label: Annotated[str | None, typer.Option(help="the platform's name in compare (default: host name)")] = None,
     timeout: Annotated[float | None, typer.Option(help="seconds before the job is ended and recorded")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="write the record (JSON) here")] = None,
     db: DbOpt = None,
@@ -297,7 +297,7 @@ def compare_cmd(
     records: Annotated[list[Path], typer.Argument(help="bench records (JSON from `gpuready bench -o`)")],
     work: Annotated[
         float | None,
-        typer.Option(help="the job's work in the records' unit (tokens, images, runs) [default: 1 h on the fastest]"),
+        typer.Option(help="the job's work in the records' unit (tokens, images, runs) (default: 1 h on the fastest)"),
     ] = None,
     prices: Annotated[
         Path | None, typer.Option(help="CSV label,price_per_hour: prices per platform label, over the records'")
