@@ -80,6 +80,7 @@ class Comparison:
     best: str | None
     reasons: list[str]
     warnings: list[str]
+    jobs: list[str] = field(default_factory=list)  # each job once, as the record with the fewest GPUs names it
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -88,6 +89,7 @@ class Comparison:
             "work_units": self.work_units,
             "work_basis": self.work_basis,
             "formula": self.formula,
+            "jobs": self.jobs,
             "verdict": {"best": self.best, "reasons": self.reasons},
             "warnings": self.warnings,
             "platforms": [{**asdict(r), "stable_fraction": r.stable_fraction} for r in self.rows],
@@ -204,9 +206,12 @@ def compare(
         ]
     warnings: list[str] = []
     units = {r.unit for r in rows if r.unit}
-    jobs = {job_key(r) for _, r in records}
-    if len(jobs) > 1:
-        names = sorted({r.job for r in rows})
+    by_job: dict[str, BenchRecord] = {}
+    for _, r in sorted(records, key=lambda item: item[1].job.nproc):
+        by_job.setdefault(job_key(r), r)
+    jobs = [r.job.description for r in by_job.values()]
+    if len(by_job) > 1:
+        names = sorted(jobs)
         warnings.append("the records ran different jobs; compare like with like: " + " | ".join(names))
     unit = next(iter(units)) if len(units) == 1 else None
     if len(units) > 1:
@@ -231,7 +236,7 @@ def compare(
             )
         rows = priced
     best, reasons = _verdict(rows, unit_label, unit)
-    return Comparison(rows, unit, unit_label, work_units, basis, FORMULA, best, reasons, warnings)
+    return Comparison(rows, unit, unit_label, work_units, basis, FORMULA, best, reasons, warnings, jobs)
 
 
 def _verdict(rows: list[Row], unit_label: str, unit: str | None) -> tuple[str | None, list[str]]:

@@ -236,7 +236,7 @@ def _render_record(record: Any, output: Path | None) -> None:
     table.add_column("value", overflow="fold")
     status = r.status if r.ok else f"[red]{r.status}[/red]: {r.error}"
     table.add_row("status", status)
-    table.add_row("job", f"{r.job.description}" + (f", {r.job.nproc} GPUs" if r.job.nproc > 1 else ""))
+    table.add_row("job", r.job.description)
     ref = {"ordered_at": "ordered", "boot": "boot", "container_start": "container start", "bench_start": "bench start"}
     table.add_row("time to ready", f"{_fmt_seconds(r.ready.seconds)} from {ref[r.ready.reference]}")
     doc = r.doctor

@@ -24,6 +24,7 @@ th,td{padding:7px 10px;border-bottom:1px solid #f1f5f9;text-align:right;vertical
 th:first-child,td:first-child{text-align:left;color:#4b5563;font-weight:500}
 thead th{background:#f1f5f9;font-weight:600}
 td.bad{color:#b91c1c}
+td.warn{color:#92400e}
 td.best,th.best{background:#ecfdf5}
 .card{background:#fff;border:1px solid #e5e7eb;border-radius:8px;padding:10px 10px 4px;margin:12px 0;overflow-x:auto}
 .note{font-size:12.5px;color:#4b5563;line-height:1.5}
@@ -61,6 +62,15 @@ def _disk(r: Row) -> str:
     return f"{r.disk_write_bytes_per_second / 1e6:,.0f} / {(r.disk_read_bytes_per_second or 0) / 1e6:,.0f} MB/s"
 
 
+def _cell_class(name: str, text: str, bad: bool, r: Row, best: str | None) -> str:
+    if name == "environment problems" and r.env_problems:
+        # doctor warnings are worth reading, failures and faults are worth fearing
+        return "bad" if any(not p.startswith("doctor warns") for p in r.env_problems) else "warn"
+    if bad:
+        return "bad"
+    return "best" if r.label == best else ""
+
+
 def _table(c: Comparison) -> str:
     rows = c.rows
 
@@ -78,10 +88,7 @@ def _table(c: Comparison) -> str:
                 for r in rows
             ],
         ),
-        (
-            "environment problems",
-            [("; ".join(r.env_problems) if r.env_problems else "none", bool(r.env_problems)) for r in rows],
-        ),
+        ("environment problems", [("; ".join(r.env_problems) if r.env_problems else "none", False) for r in rows]),
         ("stable duration", [(f"{_seconds(r.stable_seconds)} of {_seconds(r.ran_seconds)}", False) for r in rows]),
         ("effective throughput", [(_rate(r.effective_per_second, r.unit), False) for r in rows]),
         ("median interval", [(_rate(r.median_per_second, r.unit), False) for r in rows]),
@@ -102,7 +109,7 @@ def _table(c: Comparison) -> str:
     body = []
     for name, cells in lines:
         tds = "".join(
-            f'<td class="{"bad" if bad else ("best" if r.label == c.best else "")}">{_e(text)}</td>'
+            f'<td class="{_cell_class(name, text, bad, r, c.best)}">{_e(text)}</td>'
             for (text, bad), r in zip(cells, rows, strict=True)
         )
         body.append(f"<tr><td>{_e(name)}</td>{tds}</tr>")
@@ -129,7 +136,7 @@ def render_compare(c: Comparison) -> str:
         highlight=c.best,
     )
     startup = bar_chart(
-        [Bar(r.label, r.startup_seconds, f"{_seconds(r.startup_seconds)} ({r.startup_reference})") for r in c.rows],
+        [Bar(r.label, r.startup_seconds, _seconds(r.startup_seconds)) for r in c.rows],
         chart_id="startup",
         title="Time to ready: from "
         + " / ".join(sorted({REFERENCE.get(r.startup_reference, "?") for r in c.rows}))
@@ -144,7 +151,6 @@ def render_compare(c: Comparison) -> str:
     )
     reasons = "".join(f"<li>{_e(r)}</li>" for r in c.reasons)
     warnings = "".join(f'<p class="note warn">warning: {_e(w)}</p>' for w in c.warnings)
-    jobs = sorted({r.job for r in c.rows})
     origins = "".join(f"<li><code>{_e(r.origin)}</code> ({_e(r.label)})</li>" for r in c.rows)
     return f"""<!DOCTYPE html>
 <html lang="en">
@@ -157,7 +163,7 @@ def render_compare(c: Comparison) -> str:
 <body>
 <main>
 <h1>Which platform does this job cheapest?</h1>
-<p class="sub">gpuready compare · job: {_e(" | ".join(jobs))}</p>
+<p class="sub">gpuready compare · job (per GPU): {_e(" | ".join(c.jobs))}</p>
 <div class="{verdict_cls}" id="verdict">{best}<ul>{reasons}</ul></div>
 {warnings}
 <h2>Side by side</h2>
