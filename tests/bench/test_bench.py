@@ -103,6 +103,17 @@ def test_a_child_that_dies_without_a_result_is_a_failed_record(tmp_path: Path) -
     record = _bench(tmp_path, run=run)
     assert record.status == "failed" and "signal 11" in (record.error or "")
     assert record.throughput.steps == 5
+    # the job's last words are kept for the reader, without gpuready's own step lines
+    assert record.output_tail == ["Segmentation fault"]
+
+
+def test_ctrl_c_during_the_disk_test_keeps_the_jobs_figures(tmp_path: Path) -> None:
+    def interrupted_disk(path: Path, **kwargs: Any) -> Disk:
+        raise KeyboardInterrupt
+
+    record = _bench(tmp_path, disk_test=interrupted_disk)
+    assert record.status == "ok" and record.throughput.median_per_second is not None
+    assert record.disk is not None and record.disk.error == "interrupted (Ctrl-C)"
 
 
 def test_a_cuda_error_in_the_output_is_classified(tmp_path: Path) -> None:

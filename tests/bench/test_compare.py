@@ -159,3 +159,12 @@ def test_compare_prices_file_overrides_the_records_prices(tmp_path: Path) -> Non
     prices.write_text("gpu,price\n")
     bad = _cli("compare", str(a), "--prices", str(prices))
     assert bad.returncode == 2 and "--prices" in bad.stderr
+
+
+def test_the_committed_h200_records_still_load_and_compare() -> None:
+    docs = Path(__file__).resolve().parents[2] / "docs" / "bench"
+    c = compare(load_records([docs / "bench_1xh200.json", docs / "bench_2xh200.json"]))
+    # as measured on the H200 machine (docs/bench/README.md)
+    assert [round(r.effective_per_second or 0) for r in c.rows] == [42785, 77800]
+    assert c.best == "1xH200" and c.warnings == [] and len(c.jobs) == 1
+    assert [r.gpu_count for r in c.rows] == [1, 2] and all(r.completed for r in c.rows)

@@ -161,6 +161,7 @@ class BenchRecord(_Model):
     disk: Disk | None = None
     price: Price
     wall_seconds: float
+    output_tail: list[str] = Field(default_factory=list)  # the job's last output lines when it did not end ok
 
     @property
     def ok(self) -> bool:

@@ -357,6 +357,7 @@ def bench(
     dog = threading.Thread(target=_watchdog, args=(watch, pid_box, stop, hang_seconds, hung), daemon=True)
     dog.start()
     status, error, memory = "ok", None, Memory()
+    tail: list[str] = []
     interrupted = False
     try:
         if command is not None:
@@ -368,6 +369,7 @@ def bench(
                 on_start=pid_box.append,
             )
             status, error = classify_output(proc.output_tail, proc.returncode, proc.timed_out)
+            tail = _tail(proc.output_tail)
             if proc.timed_out and duration_s is not None and timeout is None:
                 status, error = "ok", None  # stopped at --minutes, as asked
             if not watch.steps and status == "ok":
@@ -378,7 +380,7 @@ def bench(
         else:
             assert workload is not None
             assert spec is not None
-            status, error, memory = _run_probe(spec, nproc, duration_s or 0.0, timeout, run, watch, pid_box)
+            status, error, memory, tail = _run_probe(spec, nproc, duration_s or 0.0, timeout, run, watch, pid_box)
     except runner.Interrupted:
         interrupted = True
         status, error = "interrupted", "interrupted (Ctrl-C); the steps before it are kept"
@@ -391,7 +393,11 @@ def bench(
         on_progress(Progress("disk"))
     disk = None
     if disk_path is not None and not interrupted:
-        disk = disk_test(disk_path, size_bytes=disk_size_bytes)
+        try:
+            disk = disk_test(disk_path, size_bytes=disk_size_bytes)
+        except KeyboardInterrupt:
+            # the job's figures are kept; only the disk test is cut short (disk_speed removes its file)
+            disk = Disk(path=str(disk_path), error="interrupted (Ctrl-C)")
     verdict = doctor_f.result()
     pool.shutdown()
     if error:
@@ -438,6 +444,7 @@ def bench(
         duration_s=duration_s or 0.0,
         unit=unit,
         memory=memory.model_copy(update={"gpu_total_bytes": memory.gpu_total_bytes or first_total}),
+        output_tail=tail if status != "ok" else [],
         disk=disk,
         price=bench_price(price_per_hour, first_name, len(indices), first_total, prices=prices),
         started=started,
@@ -462,7 +469,7 @@ def _run_probe(
     run: runner.RunFn,
     watch: _Watch,
     pid_box: list[int],
-) -> tuple[str, str | None, Memory]:
+) -> tuple[str, str | None, Memory, list[str]]:
     with tempfile.TemporaryDirectory(prefix="gpuready-bench-") as tmp:
         spec_path = Path(tmp) / "spec.json"
         out_path = Path(tmp) / "result.json"
@@ -483,7 +490,7 @@ def _run_probe(
         status, error = classify_output(proc.output_tail, proc.returncode, proc.timed_out)
         if status == "ok":
             status, error = "failed", "the job ended without a result"
-        return status, error or "the job ended without a result", Memory()
+        return status, error or "the job ended without a result", Memory(), _tail(proc.output_tail)
     point = point_from_probe({}, results, proc.duration_seconds)
     memory = Memory(
         peak_allocated_bytes=point.peak_allocated_bytes,
@@ -493,7 +500,17 @@ def _run_probe(
     )
     known = ("ok", "oom", "cuda_error", "failed", "unsupported", "no_gpu")
     status = point.status if point.status in known else "failed"
-    return status, point.error, memory
+    trace = str(point.detail.get("traceback") or "")
+    return status, point.error, memory, (trace.splitlines() or _tail(proc.output_tail)) if status != "ok" else []
+
+
+TAIL_LINES = 30
+
+
+def _tail(lines: list[str]) -> list[str]:
+    """The job's last output lines, without the step and device lines gpuready reads."""
+    own = (STEP_MARK + " ", DEVICE_MARK + " ")
+    return [ln for ln in lines if not any(m in ln for m in own)][-TAIL_LINES:]
 
 
 def _finish(
@@ -518,6 +535,7 @@ def _finish(
     started: float,
     clock: Callable[[], float],
     sample_seconds: float,
+    output_tail: list[str] | None = None,
 ) -> BenchRecord:
     faults = stats.fault_times(monitor.samples, indices, monitor.xid_events)
     interval = stats.interval_seconds_for(duration_s, steps, interval_seconds)
@@ -561,6 +579,7 @@ def _finish(
         disk=disk,
         price=price,
         wall_seconds=clock() - started,
+        output_tail=output_tail or [],
     )
     if db is not None:
         db.add_bench(record.to_json())

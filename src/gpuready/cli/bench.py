@@ -289,6 +289,10 @@ def _render_record(record: Any, output: Path | None) -> None:
     console.print(table)
     for e in r.errors[1:]:
         console.print(f"[yellow]note[/yellow]: {e}", highlight=False)
+    if r.output_tail:
+        console.print("the job's last output lines:")
+        for ln in r.output_tail[-10:]:
+            console.print(f"  {ln}", markup=False, highlight=False)
     if output is not None:
         console.print(f"record: {output}  (compare records: gpuready compare A.json B.json --html page.html)")
 
