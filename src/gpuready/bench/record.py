@@ -47,7 +47,7 @@ class Job(_Model):
     nproc: int = 1  # processes (GPUs) the job ran on
     seed: int | None = None
     unit: str | None = None  # "tokens", "images", or None when the command reports no work
-    minutes: float
+    minutes: float  # how long the job ran after its first step; a command: its wall limit (0: to its end)
 
 
 class Ready(_Model):

@@ -361,16 +361,17 @@ def bench(
     interrupted = False
     try:
         if command is not None:
+            limits = [x for x in (duration_s, timeout) if x is not None]
             proc = run(
                 command,
-                timeout=duration_s if duration_s is not None else timeout,
+                timeout=min(limits) if limits else None,
                 env=None,
                 on_line=watch.line,
                 on_start=pid_box.append,
             )
             status, error = classify_output(proc.output_tail, proc.returncode, proc.timed_out)
             tail = _tail(proc.output_tail)
-            if proc.timed_out and duration_s is not None and timeout is None:
+            if proc.timed_out and duration_s is not None and (timeout is None or duration_s <= timeout):
                 status, error = "ok", None  # stopped at --minutes, as asked
             if not watch.steps and status == "ok":
                 # no announced steps: one run of the command is the unit of work
