@@ -156,6 +156,10 @@ def test_compare_prices_file_overrides_the_records_prices(tmp_path: Path) -> Non
     prices.write_text("label,price_per_hour\na,40\n")
     proc = _cli("compare", str(a), str(b), "--prices", str(prices), "--json")
     assert json.loads(proc.stdout)["verdict"]["best"] == "b"
+    # plan's price file: per GPU-hour by card, times each record's GPUs
+    prices.write_text("gpu,price_per_gpu_hour\nH200 SXM,10\n")
+    by_gpu = json.loads(_cli("compare", str(a), str(b), "--prices", str(prices), "--json").stdout)
+    assert [p["price_per_hour"] for p in by_gpu["platforms"]] == [10.0, 10.0]
     prices.write_text("gpu,price\n")
     bad = _cli("compare", str(a), "--prices", str(prices))
     assert bad.returncode == 2 and "--prices" in bad.stderr

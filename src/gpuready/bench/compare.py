@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuready.bench.record import BenchRecord, load_record
+from gpuready.catalog.prices import Price as CatalogPrice
 from gpuready.errors import InputError
 
 FORMULA = (
@@ -161,6 +162,20 @@ def _row(origin: str, r: BenchRecord, p: float) -> Row:
     )
 
 
+def _reprice(row: Row, by_label: dict[str, float], gpu_prices: dict[str, CatalogPrice] | None) -> Row:
+    if row.label in by_label:
+        return Row(**{**row.__dict__, "price_per_hour": by_label[row.label], "price_source": "--prices (label)"})
+    if gpu_prices and row.gpu:
+        from gpuready.bench.price import bench_price
+
+        price = bench_price(None, row.gpu, row.gpu_count, prices=gpu_prices)
+        if price.per_hour is not None:
+            return Row(
+                **{**row.__dict__, "price_per_hour": price.per_hour, "price_source": f"--prices: {price.source}"}
+            )
+    return row
+
+
 def cost_for(row: Row, work: float) -> tuple[float | None, float | None]:
     """(hours, cost) to do `work` units on this platform by the formula above; None where a term is unknown."""
     if not row.effective_per_second or row.rerun_probability >= 1.0:
@@ -186,8 +201,11 @@ def compare(
     *,
     work: float | None = None,
     price_per_hour: dict[str, float] | None = None,
+    gpu_prices: dict[str, CatalogPrice] | None = None,
 ) -> Comparison:
-    """Set records side by side. `price_per_hour` (label -> price) overrides the records' prices."""
+    """Set records side by side. Prices over the records' own: `price_per_hour` (label -> price of the GPUs the
+    record used), else `gpu_prices` (a catalog-style table, per GPU-hour, as `plan --prices` reads) for the card
+    each record names, times its GPUs."""
     if not records:
         raise InputError("RECORD", "give one or more bench records (files written by `gpuready bench -o`)")
     if work is not None and work <= 0:
@@ -197,13 +215,8 @@ def compare(
         by_label.setdefault(r.machine.label, []).append(r)
     p_of = {label: sum(_faulted(r) for r in rs) / len(rs) for label, rs in by_label.items()}
     rows = [_row(origin, r, p_of[r.machine.label]) for origin, r in records]
-    if price_per_hour:
-        rows = [
-            Row(**{**r.__dict__, "price_per_hour": price_per_hour[r.label], "price_source": "--prices"})
-            if r.label in price_per_hour
-            else r
-            for r in rows
-        ]
+    if price_per_hour or gpu_prices:
+        rows = [_reprice(r, price_per_hour or {}, gpu_prices) for r in rows]
     warnings: list[str] = []
     units = {r.unit for r in rows if r.unit}
     by_job: dict[str, BenchRecord] = {}

@@ -304,7 +304,11 @@ def compare_cmd(
         typer.Option(help="the job's work in the records' unit (tokens, images, runs) (default: 1 h on the fastest)"),
     ] = None,
     prices: Annotated[
-        Path | None, typer.Option(help="CSV label,price_per_hour: prices per platform label, over the records'")
+        Path | None,
+        typer.Option(
+            help="CSV over the records' prices: label,price_per_hour (per platform) or gpu,price_per_gpu_hour"
+            " (as plan --prices, times the GPUs used)"
+        ),
     ] = None,
     html_out: Annotated[Path | None, typer.Option("--html", help="write a self-contained page with charts")] = None,
     json_out: JsonOpt = False,
@@ -312,8 +316,8 @@ def compare_cmd(
     from gpuready.bench.compare import compare, load_records
 
     loaded = load_records(records)
-    overrides = _label_prices(prices) if prices is not None else None
-    result = compare(loaded, work=work, price_per_hour=overrides)
+    by_label, by_gpu = _compare_prices(prices) if prices is not None else (None, None)
+    result = compare(loaded, work=work, price_per_hour=by_label, gpu_prices=by_gpu)
     if html_out is not None:
         from gpuready.errors import InputError
         from gpuready.report.compare_html import render_compare
@@ -329,7 +333,8 @@ def compare_cmd(
     return 0 if result.best is not None else 1
 
 
-def _label_prices(path: Path) -> dict[str, float]:
+def _compare_prices(path: Path) -> tuple[dict[str, float] | None, Any]:
+    """(label -> price per hour, None) or (None, a catalog-style table) from --prices."""
     import csv
 
     from gpuready.errors import InputError
@@ -339,8 +344,13 @@ def _label_prices(path: Path) -> dict[str, float]:
     except OSError as exc:
         raise InputError("--prices", f"{path}: cannot read ({exc.strerror})") from None
     reader = csv.DictReader(text.splitlines())
-    if not reader.fieldnames or not {"label", "price_per_hour"} <= set(reader.fieldnames):
-        raise InputError("--prices", f"{path}: needs a CSV header with label,price_per_hour")
+    fields = set(reader.fieldnames or [])
+    if {"gpu", "price_per_gpu_hour"} <= fields:
+        from gpuready.catalog.prices import load_prices
+
+        return None, load_prices(path)
+    if not {"label", "price_per_hour"} <= fields:
+        raise InputError("--prices", f"{path}: needs a CSV header with label,price_per_hour or gpu,price_per_gpu_hour")
     out: dict[str, float] = {}
     for n, row in enumerate(reader, start=2):
         try:
@@ -350,7 +360,7 @@ def _label_prices(path: Path) -> dict[str, float]:
         if value < 0:
             raise InputError("--prices", f"{path} line {n}: a price cannot be negative")
         out[row["label"].strip()] = value
-    return out
+    return out, None
 
 
 def _render_compare(result: Any, html_out: Path | None) -> None:
