@@ -5,8 +5,8 @@
 # Usage, from the repository root (gpuready importable as `python3 -m gpuready`):
 #   bash benchmarks/gpu_bench.sh OUT [MINUTES]
 # Writes OUT/bench_1xh200.json, OUT/bench_2xh200.json (the records), their console views (.txt), and
-# OUT/compare.txt, OUT/compare.html. About 190 s on the device machine (2 x (15 s start + ~10 s load and first
-# step + 60 s + ~6 s disk test)). Predictions made before the run: docs/bench/predicted.txt.
+# OUT/compare.txt, OUT/compare.html. 154 s on the device machine on 2026-11-30 (74 s + 79 s; the job is 60 s of
+# each, gpuready start to first step 11-14 s, disk test ~3 s). Predictions made before the run: docs/bench/predicted.txt.
 set -uo pipefail
 OUT=${1:?usage: bash benchmarks/gpu_bench.sh OUT [MINUTES]}
 MINUTES=${2:-1}
