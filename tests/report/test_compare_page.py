@@ -48,8 +48,8 @@ def test_the_compare_page_renders_its_charts_offline_without_console_errors(tmp_
     assert proc.returncode == 0, proc.stderr[-2000:]
     dom = proc.stdout
     assert not CONSOLE.search(proc.stderr), [ln for ln in proc.stderr.splitlines() if CONSOLE.search(ln)]
-    # the rendered document holds the three charts: one throughput line per platform, one cost bar each
-    for chart in ("throughput", "cost", "startup"):
+    # the rendered document holds the four charts: one throughput line per platform, one cost bar each
+    for chart in ("throughput", "cost", "clock", "startup"):
         assert f'data-chart="{chart}"' in dom
     throughput = dom.split('data-chart="throughput"', 1)[1].split("</svg>", 1)[0]
     assert sorted(re.findall(r'class="series" data-label="([^"]+)"', throughput)) == ["one-gpu", "two-gpus"]

@@ -64,6 +64,8 @@ class Row:
     disk_read_bytes_per_second: float | None = None
     peak_device_bytes: int | None = None
     series: list[tuple[float, float]] = field(default_factory=list)  # (seconds since first step, units/s)
+    clock_series: list[tuple[float, float]] = field(default_factory=list)  # (seconds, mean SM clock in MHz)
+    power_limited_seconds: float = 0.0  # at the power cap (NVML's software power cap reason)
 
     @property
     def stable_fraction(self) -> float | None:
@@ -159,6 +161,12 @@ def _row(origin: str, r: BenchRecord, p: float) -> Row:
         disk_read_bytes_per_second=r.disk.read_bytes_per_second if r.disk else None,
         peak_device_bytes=r.memory.peak_device_bytes,
         series=[(iv.start_seconds + iv.seconds / 2, iv.per_second) for iv in tp.intervals if iv.per_second is not None],
+        clock_series=[
+            (float(p["t"]), float(p["sm_clock_mhz"]))
+            for p in r.health.series
+            if p.get("sm_clock_mhz") is not None and p.get("t") is not None and float(p["t"]) >= 0
+        ],
+        power_limited_seconds=r.health.throttle_seconds.get("software power cap", 0.0),
     )
 
 

@@ -93,6 +93,10 @@ def _table(c: Comparison) -> str:
         ("effective throughput", [(_rate(r.effective_per_second, r.unit), False) for r in rows]),
         ("median interval", [(_rate(r.median_per_second, r.unit), False) for r in rows]),
         ("interval spread", [("-" if r.spread is None else f"{r.spread:.1%}", False) for r in rows]),
+        (
+            "at the power cap",
+            [(_seconds(r.power_limited_seconds) if r.power_limited_seconds else "never", False) for r in rows],
+        ),
         ("price per hour", [(_money(r.price_per_hour, 2), r.price_per_hour is None) for r in rows]),
         ("rerun probability p", [(f"{r.rerun_probability:.0%}", r.rerun_probability > 0) for r in rows]),
         (
@@ -124,6 +128,15 @@ def render_compare(c: Comparison) -> str:
         title=f"Throughput over time ({unit}/s per interval)",
         x_label="seconds since the first step",
         y_label=f"{unit}/s",
+    )
+    clocks = line_chart(
+        [Series(r.label, r.clock_series) for r in c.rows],
+        chart_id="clock",
+        title="SM clock over time (MHz, mean of the job's GPUs; NVML each second)",
+        x_label="seconds since the first step",
+        y_label="MHz",
+        y_from_zero=False,
+        y_format=lambda v: f"{v:,.0f}",
     )
     cost = bar_chart(
         [
@@ -171,6 +184,7 @@ def render_compare(c: Comparison) -> str:
 <h2>Charts</h2>
 <div class="card">{throughput}</div>
 <div class="card">{cost}</div>
+<div class="card">{clocks}</div>
 <div class="card">{startup}</div>
 <h2>How the cost is computed</h2>
 <p class="note"><code>{_e(c.formula)}</code></p>

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 # Okabe & Ito's colour-blind-safe palette (https://jfly.uni-koeln.de/color/), black last
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
+MAX_DOTS = 40
 FONT = "font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif"
 
 
@@ -70,20 +71,24 @@ def line_chart(
     width: int = 760,
     height: int = 320,
     y_format: Callable[[float], str] = short_number,
+    y_from_zero: bool = True,
 ) -> str:
+    """Lines over a shared x axis. `y_from_zero=False` fits the y axis to the data (for values that move
+    within a narrow band, such as clocks)."""
     left, right, top, bottom = 64, 16, 40, 72
     pw, ph = width - left - right, height - top - bottom
     xs = [x for s in series for x, _ in s.points]
     ys = [y for s in series for _, y in s.points]
     x_ticks = nice_ticks(0.0, max(xs) if xs else 1.0)
-    y_ticks = nice_ticks(0.0, max(ys) * 1.05 if ys else 1.0)
-    x_max, y_max = x_ticks[-1], y_ticks[-1]
+    y_lo = 0.0 if y_from_zero or not ys else min(ys) - 0.1 * (max(ys) - min(ys) or max(ys))
+    y_ticks = nice_ticks(y_lo, max(ys) * 1.05 if ys else 1.0)
+    x_max, y_min, y_max = x_ticks[-1], y_ticks[0], y_ticks[-1]
 
     def sx(x: float) -> float:
         return left + pw * x / x_max
 
     def sy(y: float) -> float:
-        return top + ph * (1 - y / y_max)
+        return top + ph * (1 - (y - y_min) / (y_max - y_min))
 
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" data-chart="{_esc(chart_id)}" role="img"'
@@ -122,7 +127,8 @@ def line_chart(
                 f'<path class="series" data-label="{_esc(s.label)}" d="{d}" fill="none" stroke="{color}"'
                 f' stroke-width="2.2" stroke-linejoin="round"/>'
             )
-            for x, y in pts:
+            # a dot per point while they are few enough to read; the line alone beyond that (hover: the path)
+            for x, y in pts if len(pts) <= MAX_DOTS else []:
                 out.append(
                     f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{color}">'
                     f"<title>{_esc(s.label)}: {_esc(y_format(y))} at {x:.0f} s</title></circle>"
