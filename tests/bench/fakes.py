@@ -156,9 +156,14 @@ def probe_run(
 
 
 def record_file(tmp_path: Path, name: str, *, step_seconds: float, price: float, **kwargs: Any) -> Path:
-    """A bench record made by bench() with these fakes, written to tmp_path/NAME.json."""
+    """A bench record made by bench() with these fakes, written to tmp_path/NAME.json. The machine booted a
+    minute before (not this test machine's real boot, which moves with its uptime)."""
     from gpuready.bench import bench
     from gpuready.bench.record import Disk
+
+    booted = time.time() - 60.0
+    kwargs.setdefault("boot_time", lambda: booted)
+    kwargs.setdefault("init_start", lambda: booted)
 
     rec = bench(
         minutes=kwargs.pop("minutes", 0.1),
