@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -172,3 +173,12 @@ def test_the_committed_h200_records_still_load_and_compare() -> None:
     assert [round(r.effective_per_second or 0) for r in c.rows] == [42785, 77800]
     assert c.best == "1xH200" and c.warnings == [] and len(c.jobs) == 1
     assert [r.gpu_count for r in c.rows] == [1, 2] and all(r.completed for r in c.rows)
+
+
+def test_a_machine_up_for_hours_before_the_bench_is_flagged(tmp_path: Path) -> None:
+    booted = time.time() - 5 * 3600
+    old = fakes.record_file(
+        tmp_path, "old", step_seconds=0.1, price=2.0, boot_time=lambda: booted, init_start=lambda: booted
+    )
+    c = compare(load_records([old]))
+    assert any("old: the machine was up 5.0 h" in w and "--ordered-at" in w for w in c.warnings)

@@ -32,6 +32,8 @@ UNIT_SCALE = {"tokens": (1_000_000, "1M tokens"), "images": (1_000, "1k images")
 # a platform is called unstable when its intervals spread by more than this share of the median, or when it
 # was stable for less than STABLE_SHARE of the time it ran (stats.STABLE_BAND defines a stable interval)
 UNSTABLE_SPREAD = 0.20
+# a machine up this long before the bench was not started for it: its boot is no measure of start-up
+LONG_UP_SECONDS = 3600.0
 STABLE_SHARE = 0.80
 
 
@@ -226,6 +228,12 @@ def compare(
     if price_per_hour or gpu_prices:
         rows = [_reprice(r, price_per_hour or {}, gpu_prices) for r in rows]
     warnings: list[str] = []
+    for row in rows:
+        if row.startup_reference in ("boot", "container_start") and (row.startup_seconds or 0) > LONG_UP_SECONDS:
+            warnings.append(
+                f"{row.label}: the machine was up {(row.startup_seconds or 0) / 3600:.1f} h before its first step; its"
+                " start-up counts from the boot; bench with --ordered-at for the time from ordering it"
+            )
     units = {r.unit for r in rows if r.unit}
     by_job: dict[str, BenchRecord] = {}
     for _, r in sorted(records, key=lambda item: item[1].job.nproc):
