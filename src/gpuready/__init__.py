@@ -14,13 +14,15 @@ if TYPE_CHECKING:  # pragma: no cover
     from gpuready.workload import Workload, make_workload
 
 _LAZY = {
+    "run_bench": ("gpuready.bench", "bench"),
+    "compare_benches": ("gpuready.bench", "compare"),
     "estimate": ("gpuready.memory", "estimate"),
     "MemoryEstimate": ("gpuready.memory", "MemoryEstimate"),
     "Workload": ("gpuready.workload", "Workload"),
     "make_workload": ("gpuready.workload", "make_workload"),
 }
 
-__all__ = ["MemoryEstimate", "Workload", "__version__", "estimate", "make_workload"]
+__all__ = ["MemoryEstimate", "Workload", "__version__", "compare_benches", "estimate", "make_workload", "run_bench"]
 
 
 def __getattr__(name: str) -> Any:

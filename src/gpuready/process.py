@@ -57,3 +57,10 @@ def end_group(proc: subprocess.Popen[Any], grace: float = KILL_GRACE_SECONDS) ->
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL the process group that `pid` leads (a child from `spawn`, in its own session). For a watchdog
+    that holds only the pid: bench's check for a job whose GPU steps stopped (a hung driver)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)

@@ -47,6 +47,7 @@ def _options(
 
 # Each module defines `register(app)`. Keep this list sorted; one line per command group.
 COMMAND_MODULES = (
+    "gpuready.cli.bench",
     "gpuready.cli.check",
     "gpuready.cli.doctor",
     "gpuready.cli.estimate",

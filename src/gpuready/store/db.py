@@ -63,6 +63,28 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE runs ADD COLUMN ended_at REAL;
     CREATE INDEX runs_target ON runs(target);
     """,
+    # 3: bench records (`gpuready bench`): the figures compare and plan read, and the whole record as JSON
+    """
+    CREATE TABLE benches (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        created_at REAL NOT NULL,
+        host TEXT,
+        label TEXT,
+        gpu TEXT,
+        gpu_count INTEGER,
+        job TEXT NOT NULL,
+        status TEXT NOT NULL,
+        ready_seconds REAL,
+        unit TEXT,
+        median_per_second REAL,
+        effective_per_second REAL,
+        stable_seconds REAL,
+        price_per_hour REAL,
+        schema_version INTEGER NOT NULL,
+        record TEXT NOT NULL
+    );
+    CREATE INDEX benches_gpu ON benches(gpu);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -239,6 +261,48 @@ class ResultsDB:
                 "UPDATE runs SET status = ?, max_value = ?, ended_at = ? WHERE id = ?",
                 (status, max_value, time.time(), run_id),
             )
+
+    def add_bench(self, record: dict[str, Any]) -> int:
+        """Store a bench record (BenchRecord.to_json()); returns its row id."""
+        machine = record.get("machine") or {}
+        gpus = machine.get("gpus") or []
+        tp = record.get("throughput") or {}
+        with self._tx() as conn:
+            cur = conn.execute(
+                "INSERT INTO benches (created_at, host, label, gpu, gpu_count, job, status, ready_seconds, unit,"
+                " median_per_second, effective_per_second, stable_seconds, price_per_hour, schema_version, record)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    time.time(),
+                    machine.get("host"),
+                    machine.get("label"),
+                    gpus[0].get("name") if gpus else None,
+                    len(gpus),
+                    (record.get("job") or {}).get("description", ""),
+                    record.get("status", "failed"),
+                    (record.get("ready") or {}).get("seconds"),
+                    tp.get("unit"),
+                    tp.get("median_per_second"),
+                    tp.get("effective_per_second"),
+                    tp.get("stable_seconds"),
+                    (record.get("price") or {}).get("per_hour"),
+                    int(record.get("schema_version", 1)),
+                    json.dumps(record, default=str),
+                ),
+            )
+            return int(cur.lastrowid or 0)
+
+    def benches(self, *, gpu: str | None = None, limit: int | None = 50) -> list[tuple[int, dict[str, Any]]]:
+        """Stored bench records, newest first (`gpu`: the GPU name contains this text): (row id, record JSON)."""
+        sql = "SELECT id, record FROM benches"
+        args: list[Any] = []
+        if gpu is not None:
+            sql += " WHERE gpu LIKE ?"
+            args.append(f"%{gpu}%")
+        sql += " ORDER BY id DESC"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        return [(int(row["id"]), json.loads(row["record"])) for row in self.conn.execute(sql, args).fetchall()]
 
     def runs(
         self,

@@ -175,6 +175,12 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     device = torch.cuda.current_device()
     props = torch.cuda.get_device_properties(device)
     result.update(gpu=props.name, gpu_total_bytes=int(props.total_memory))
+    if spec.get("bench"):
+        uuid = str(getattr(props, "uuid", "") or "")
+        _announce(DEVICE_MARK, {"rank": rank, "uuid": uuid, "name": props.name, "total": int(props.total_memory)})
+    if spec.get("seed") is not None:
+        # the same weights and tokens on every machine (bench): a fixed job
+        torch.manual_seed(int(spec["seed"]))
     cap = spec.get("memory_cap_bytes")
     if cap:
         # emulate a smaller card: the caching allocator may hold at most `cap` bytes (it frees its cache and
@@ -219,6 +225,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         result["load_reserved_bytes"] = int(torch.cuda.max_memory_reserved())
         batch, seq = int(w["batch"]), int(w["seq"])
         times: list[float] = []
+        step: Any
         if is_vision:
             size = int(w["image_size"])
             in_dtype = _dtype(torch, w["precision"]) if w["precision"] in ("bf16", "fp16") else torch.float32
@@ -228,23 +235,25 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
             if training:
                 result["phase"] = "train"
                 opt = _optimizer(torch, w["optim"], [p for p in model.parameters() if p.requires_grad])
-                for _ in range(VISION_STEPS):
-                    t0 = clock.now()
+
+                def step() -> None:
                     for _ in range(int(w["grad_accum"])):
                         with _autocast(torch, w["precision"]):
                             loss = torch.nn.functional.cross_entropy(model(x), y)
                         loss.backward()  # type: ignore[no-untyped-call,unused-ignore]
                     opt.step()
                     opt.zero_grad(set_to_none=True)
-                    times.append(clock.now() - t0)
+
+                count = VISION_STEPS
+                per_step *= int(w["grad_accum"])
             else:
                 result["phase"] = "infer"
-                with torch.no_grad():
-                    for _ in range(2):
-                        t0 = clock.now()
-                        with _autocast(torch, w["precision"]):
-                            model(x)
-                        times.append(clock.now() - t0)
+
+                def step() -> None:
+                    with torch.no_grad(), _autocast(torch, w["precision"]):
+                        model(x)
+
+                count = 2
         else:
             vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or spec["config"]["vocab_size"])
             ids = torch.randint(0, vocab, (batch, seq), device="cuda")
@@ -252,36 +261,49 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
             if training:
                 result["phase"] = "train"
                 opt = _optimizer(torch, w["optim"], [p for p in model.parameters() if p.requires_grad])
-                for _ in range(LM_STEPS):
-                    t0 = clock.now()
+
+                def step() -> None:
                     for _ in range(int(w["grad_accum"])):
                         with _autocast(torch, w["precision"]):
                             loss = model(input_ids=ids, labels=ids, use_cache=False).loss
                         loss.backward()  # type: ignore[no-untyped-call,unused-ignore]
                     opt.step()
                     opt.zero_grad(set_to_none=True)
-                    times.append(clock.now() - t0)
+
+                count = LM_STEPS
                 per_step *= int(w["grad_accum"])
             elif int(w["new_tokens"]) > 0:
                 result["phase"] = "generate"
                 n = int(w["new_tokens"])
-                with torch.no_grad(), _autocast(torch, w["precision"]):
-                    t0 = clock.now()
-                    model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
-                    times.append(clock.now() - t0)
+
+                def step() -> None:
+                    with torch.no_grad(), _autocast(torch, w["precision"]):
+                        model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+
+                count = 1
                 per_step = batch * n
             else:
                 result["phase"] = "prefill"
-                with torch.no_grad(), _autocast(torch, w["precision"]):
-                    for _ in range(2):
-                        t0 = clock.now()
+
+                def step() -> None:
+                    with torch.no_grad(), _autocast(torch, w["precision"]):
                         model(ids, use_cache=True)
-                        times.append(clock.now() - t0)
+
+                count = 2
+        bench = spec.get("bench")
+        if bench:
+            _run_for(torch, clock, step, float(bench["duration_seconds"]), per_step, rank, world, result)
+        else:
+            for _ in range(count):
+                t0 = clock.now()
+                step()
+                times.append(clock.now() - t0)
         torch.cuda.synchronize()
-        result["step_times"] = times
-        steady = times[1:] or times
-        result["step_seconds"] = statistics.median(steady) if steady else None
-        result["throughput"] = per_step / result["step_seconds"] if result["step_seconds"] else None
+        if not bench:
+            result["step_times"] = times
+            steady = times[1:] or times
+            result["step_seconds"] = statistics.median(steady) if steady else None
+        result["throughput"] = per_step / result["step_seconds"] if result.get("step_seconds") else None
         result["throughput_unit"] = unit
         result["ok"] = True
         result["phase"] = "done"
@@ -365,6 +387,57 @@ def _record_memory(torch: Any, result: dict[str, Any], device: int) -> None:
     result["device_used_bytes"] = used
     result["device_overhead_bytes"] = used - reserved_now
     result["peak_device_bytes"] = result["peak_reserved_bytes"] + result["device_overhead_bytes"]
+
+
+# Bench mode (spec["bench"] = {"duration_seconds": D}): each finished step is a line on stdout, so the parent
+# keeps every step that ran even when the job later crashes or hangs and never writes its result file.
+STEP_MARK = "GPUREADY_STEP"
+DEVICE_MARK = "GPUREADY_DEVICE"
+
+
+def _announce(mark: str, data: dict[str, Any]) -> None:
+    sys.stdout.write(f"{mark} {json.dumps(data)}\n")
+    sys.stdout.flush()
+
+
+def _run_for(
+    torch: Any,
+    clock: _Clock,
+    step: Any,
+    duration: float,
+    units: int,
+    rank: int,
+    world: int,
+    result: dict[str, Any],
+) -> None:
+    """Run steps until `duration` seconds after the first one ended (the first carries the warm-up).
+
+    Under torchrun the ranks agree after each step whether to stop (one all-reduce of a flag), so no rank
+    waits in a collective for a rank that has already left the loop."""
+    distributed = world > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()
+    flag = torch.zeros(1, device="cuda") if distributed else None
+    times: list[float] = []
+    end_at: float | None = None
+    while True:
+        t0 = clock.now()
+        step()
+        t1 = clock.now()
+        times.append(t1 - t0)
+        now = time.time()
+        _announce(STEP_MARK, {"rank": rank, "step": len(times), "end": now, "seconds": t1 - t0, "units": units})
+        if end_at is None:
+            end_at = t1 + duration
+            result["first_step_end"] = now
+        stop = t1 >= end_at
+        if flag is not None:
+            flag.fill_(1.0 if stop else 0.0)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            stop = bool(flag.item() > 0)
+        if stop:
+            break
+    result["steps"] = len(times)
+    steady = times[1:] or times
+    result["step_seconds"] = statistics.median(steady)
 
 
 def _under_torchrun() -> bool:
