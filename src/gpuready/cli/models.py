@@ -66,7 +66,9 @@ def gpus_cmd(json_out: JsonOpt = False) -> None:
             g.name,
             f"{g.memory_gb:g} GB",
             f"{g.mem_bw_gbs:g} GB/s" if g.mem_bw_gbs else "?",
-            f"{g.bf16_dense_tflops:g} TFLOP/s" if g.bf16_dense_tflops else "?",
+            f"{g.bf16_dense_tflops:g} TFLOP/s"
+            if g.bf16_dense_tflops
+            else (f"none (fp16 {g.fp16_dense_tflops:g})" if g.fp16_dense_tflops else "?"),
             g.compute_capability or "?",
             g.source_url,
         )
