@@ -117,6 +117,12 @@ def _peak(gpu: Gpu, math_kind: str, precision: str) -> tuple[float, str | None]:
     return fp32, f"{gpu.name} has no bf16 tensor cores: bf16 matmuls at the fp32 rate (use --precision fp16)"
 
 
+# The constants are fitted on an NVIDIA H200. Best-shape bf16 matmuls reach 668/1300 TFLOP/s on the MI300X
+# (ROCm 6.3) against 795/989 on the H100 SXM (stas00, ml-engineering compute/accelerator/README.md, "MAMF"
+# table); AMD cards get their matmul efficiencies scaled by that ratio.
+VENDOR_MATMUL_SCALE = {"AMD": (668 / 1300) / (795 / 989)}
+
+
 def _gemm_eff(eff: Efficiency, op: Op) -> float:
     if op.name == "conv":
         base = eff.conv_tf32_eff if op.math == "tf32" else eff.conv_eff
@@ -146,6 +152,7 @@ def op_seconds(op: Op, gpu: Gpu, eff: Efficiency, precision: str, notes: set[str
     share = eff.attn_eff * (eff.fp32_eff / eff.mm_eff if op.math == "fp32" else 1.0)
     if op.kind == "matmul":
         share = _gemm_eff(eff, op)
+    share *= VENDOR_MATMUL_SCALE.get(gpu.vendor, 1.0)
     compute = op.flops / (peak * 1e12 * share) if peak > 0 and share > 0 else math.inf
     return max(compute, mem, host)
 
