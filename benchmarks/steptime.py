@@ -199,6 +199,31 @@ def summary(rows: list[Row], eff: Efficiency, group: str) -> str:
     )
 
 
+def previous_model(row: Row) -> float | None:
+    """The step time `plan` used before this model: 6N (full) or 4N (LoRA) FLOPs per token, +2N with
+    checkpointing, + 12·layers·hidden·seq, at 30% of the bf16/fp16 peak or 55% of the fp32 peak (LM only)."""
+    w = row.w
+    spec = resolve_model(w.model)
+    if spec.kind != "lm":
+        return None
+    n = spec.params
+    per_token = (6 if w.method == "full" else 4) * n + (2 * n if w.grad_ckpt else 0)
+    per_token += 12 * spec.layers * spec.hidden * w.seq
+    flops = per_token * w.batch * w.seq * w.grad_accum
+    return flops / (67e12 * 0.55 if w.precision == "fp32" else 989e12 * 0.30)
+
+
+def previous_summary(rows: list[Row]) -> str:
+    sel = [r for r in rows if r.group in ("fit", "held-out")]
+    ratios = [q / r.measured for r in sel if (q := previous_model(r)) is not None]
+    within = sum(1 for q in ratios if 0.75 <= q <= 1.25)
+    worst = max(max(q, 1 / q) for q in ratios)
+    return (
+        f"previous model (FLOPs at 30% of peak), same rows: {within} of {len(sel)} within ±25% "
+        f"({len(sel) - len(ratios)} vision rows had no step time), worst ×{worst:.2f}"
+    )
+
+
 def table(rows: list[Row], eff: Efficiency) -> str:
     lines = ["| row | GPUs | set | measured s | predicted s | predicted/measured |", "|---|---:|---|---:|---:|---:|"]
     for r in rows:
@@ -272,6 +297,7 @@ def main() -> int:
     print(table(rows, eff))
     for group in ("fit", "held-out", "new", "new inference", "history"):
         print(summary(rows, eff, group))
+    print(previous_summary(rows))
     sys.stdout.flush()
     return 0
 

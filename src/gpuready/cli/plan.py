@@ -103,8 +103,10 @@ def render(result: PlanResult) -> None:
         table.add_row(*row)
     console = Console()
     console.print(table)
+    if marks:
+        console.print("  fits with a change that keeps the work, timed with it:")
     for i, m in enumerate(marks, start=1):
-        console.print(f"  *{i} fits with {m.split(': ', 1)[1]} on {m.split(': ', 1)[0]} (timed with it)")
+        console.print(f"  *{i} {m}")
     console.print(f"  {result.cost_formula}")
     best = next((o for o in result.options if o.runs and o.cost_per_unit is not None), None)
     if best is not None and best.throughput:
