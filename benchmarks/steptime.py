@@ -50,7 +50,21 @@ class Row:
     measured: float
     w: Workload
     ops: list[Op]
-    group: str  # fit, held-out, new
+    group: str  # fit, held-out, new, inference, history, re-measured
+    committed: float | None = None  # the prediction committed before measuring (new rows)
+
+
+PREDICTED = CAL / "steptime_heldout_predicted.txt"
+
+
+def committed_predictions() -> dict[str, float]:
+    out = {}
+    if PREDICTED.is_file():
+        for line in PREDICTED.read_text(encoding="utf-8").splitlines():
+            if line and not line.startswith("#"):
+                seconds, args = line.split("\t", 1)
+                out[args.strip()] = float(seconds)
+    return out
 
 
 def held_out(args: str, gpus: int) -> bool:
@@ -60,6 +74,7 @@ def held_out(args: str, gpus: int) -> bool:
 def load_rows() -> list[Row]:
     files = [ROOT.parent / "shared" / "calibration" / "h200.jsonl", *sorted(CAL.glob("h200_gpuready*.jsonl"))]
     new_files = sorted(CAL.glob("h200_steptime_new*.jsonl"))
+    committed = committed_predictions()
     rows: list[Row] = []
     seen: set[tuple[str, int]] = set()
     for f in files + new_files:
@@ -72,20 +87,21 @@ def load_rows() -> list[Row]:
                 continue
             w = workload_from_args(r["args"])
             key = (r["args"], w.gpus)
-            if key in seen:  # the same job measured twice: keep the first
+            if key in seen and f not in new_files:  # the same job measured twice before: keep the first
                 continue
             seen.add(key)
             if f.name in HISTORY_FILES:
                 group = "history"
             elif f in new_files:
-                group = "new"
+                group = "new" if w.training else "inference"
+                for old in rows:  # an older measurement of a job re-measured here is superseded
+                    if (old.args, old.gpus) == key:
+                        old.group = "re-measured"
             else:
                 group = "held-out" if held_out(r["args"], w.gpus) else "fit"
             spec = resolve_model(w.model)
-            if not w.training:
-                group = "new inference"
             ops = training_ops(spec, w) if w.training else []
-            rows.append(Row(r["id"], r["args"], w.gpus, float(seconds), w, ops, group))
+            rows.append(Row(r["id"], r["args"], w.gpus, float(seconds), w, ops, group, committed.get(r["args"])))
     return rows
 
 
@@ -145,7 +161,8 @@ BOUNDS = {
     "launch_s": (1e-6, 1e-4),
     "conv_eff": (0.02, 0.9),
     "conv_tf32_eff": (0.02, 0.9),
-    "lora_call_s": (1e-6, 1e-3),
+    "host_s": (1e-6, 3e-4),
+    "attn_s0": (1.0, 16384.0),
 }
 
 
@@ -168,13 +185,19 @@ def from_eff(eff: Efficiency) -> list[float]:
 
 
 def fit(rows: list[Row], command: str) -> Efficiency:
-    train = [r for r in rows if r.group == "fit"]
+    # the training constants on the fit rows; host_s is set by the generation rows (HF generate is host-bound:
+    # the only rows that measure it), so those are fitted too and are no held-out check
+    train = [r for r in rows if r.group in ("fit", "inference")]
     x = from_eff(fitted())
     for _ in range(3):  # restarts from the best point so far
         x = nelder_mead(lambda v: loss(train, to_eff(v)), x, [0.5] * len(x))
     eff = to_eff(x)
+    nccl = json.loads((CAL / "nccl_h200x2.json").read_text(encoding="utf-8"))
     data = {
         "params": eff.to_json(),
+        "link_eff": {k: round(nccl[k]["bus_gbs"] / 450, 4) for k in ("all_reduce", "all_gather", "reduce_scatter")},
+        "link_eff_source": "docs/calibration/nccl_h200x2.json: NCCL bus bandwidth on 2 x H200 (NVLink4, 450 GB/s "
+        "one way), 256 MiB of bf16, benchmarks/steptime.py --nccl",
         "fitted_on": sorted(r.id + (f" ({r.gpus} GPUs)" if r.gpus > 1 else "") for r in train),
         "rows": len(train),
         "gpu": "NVIDIA H200 (torch 2.11, transformers 5.17, eager PyTorch)",
@@ -185,18 +208,45 @@ def fit(rows: list[Row], command: str) -> Efficiency:
     return eff
 
 
-def summary(rows: list[Row], eff: Efficiency, group: str) -> str:
-    sel = [r for r in rows if r.group == group]
+SUBSETS = {
+    "all training rows (fit + held-out + new)": lambda r: r.group in ("fit", "held-out", "new"),
+    "2-GPU rows (DDP/FSDP2; fit + held-out + new)": lambda r: r.gpus > 1 and r.group in ("fit", "held-out", "new"),
+    "vision rows (fit + held-out + new)": lambda r: (
+        r.w.model.startswith(("resnet", "vit")) and r.group in ("fit", "held-out", "new")
+    ),
+}
+
+
+def summary(rows: list[Row], eff: Efficiency, group: str, committed: bool = False) -> str:
+    if group in SUBSETS:
+        sel = [r for r in rows if SUBSETS[group](r)]
+    else:
+        sel = [r for r in rows if r.group == group and (r.committed is not None or not committed)]
     if not sel:
         return f"{group}: no rows"
-    ratios = [predict(r, eff) / r.measured for r in sel]
+    ratios = [(r.committed if committed and r.committed else predict(r, eff)) / r.measured for r in sel]
     within = sum(1 for q in ratios if 0.75 <= q <= 1.25)
     worst = max(max(q, 1 / q) for q in ratios)
     med = statistics.median(abs(q - 1) for q in ratios)
+    label = f"{group} (predictions committed before measuring)" if committed else group
     return (
-        f"{group}: {len(sel)} rows, {within} within ±25% ({within / len(sel):.0%}), "
+        f"{label}: {len(sel)} rows, {within} within ±25% ({within / len(sel):.0%}), "
         f"median |error| {med:.1%}, worst ×{worst:.2f}"
     )
+
+
+def table(rows: list[Row], eff: Efficiency) -> str:
+    lines = [
+        "| row | GPUs | set | measured s | predicted s | predicted/measured | committed before measuring |",
+        "|---|---:|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        p = predict(r, eff)
+        before = f"{r.committed:.4f} ({r.committed / r.measured:.2f})" if r.committed is not None else ""
+        lines.append(
+            f"| {r.args} | {r.gpus} | {r.group} | {r.measured:.4f} | {p:.4f} | {p / r.measured:.2f} | {before} |"
+        )
+    return "\n".join(lines)
 
 
 def previous_model(row: Row) -> float | None:
@@ -222,14 +272,6 @@ def previous_summary(rows: list[Row]) -> str:
         f"previous model (FLOPs at 30% of peak), same rows: {within} of {len(sel)} within ±25% "
         f"({len(sel) - len(ratios)} vision rows had no step time), worst ×{worst:.2f}"
     )
-
-
-def table(rows: list[Row], eff: Efficiency) -> str:
-    lines = ["| row | GPUs | set | measured s | predicted s | predicted/measured |", "|---|---:|---|---:|---:|---:|"]
-    for r in rows:
-        p = predict(r, eff)
-        lines.append(f"| {r.args} | {r.gpus} | {r.group} | {r.measured:.4f} | {p:.4f} | {p / r.measured:.2f} |")
-    return "\n".join(lines)
 
 
 def nccl_bench(out: Path) -> int:
@@ -295,7 +337,11 @@ def main() -> int:
         eff = fit(rows, "python benchmarks/steptime.py --fit")
     print("constants: " + ", ".join(f"{k}={v:.4g}" for k, v in eff.to_json().items()))
     print(table(rows, eff))
-    for group in ("fit", "held-out", "new", "new inference", "history"):
+    for group in ("fit", "held-out", "new", "inference", "history", "re-measured"):
+        print(summary(rows, eff, group))
+    for group in ("new", "inference"):
+        print(summary(rows, eff, group, committed=True))
+    for group in SUBSETS:
         print(summary(rows, eff, group))
     print(previous_summary(rows))
     sys.stdout.flush()

@@ -35,7 +35,7 @@ from gpuready.models.spec import ModelSpec
 from gpuready.models.vision import resnet_convs
 from gpuready.workload import Workload
 
-Kind = Literal["matmul", "attention", "memory", "comm", "host"]
+Kind = Literal["matmul", "attention", "memory", "comm"]
 # matmul/attention arithmetic: "half" = bf16/fp16 tensor cores, "tf32" = fp32 convolutions (cuDNN allows TF32 by
 # default, torch.backends.cudnn.allow_tf32 = True), "fp32" = fp32 matmuls (torch.backends.cuda.matmul.allow_tf32
 # is False by default, so cuBLAS runs them on the fp32 pipes)
@@ -62,12 +62,19 @@ class Op:
     n: int = 0
     k: int = 0
     math: Math = "half"
+    collective: str = ""  # comm ops: all_reduce, all_gather or reduce_scatter
 
 
-def _gemm(name: str, m: int, n: int, k: int, e: int, math: Math, count: float = 1.0) -> Op:
-    """`count` GEMMs of [m, k] x [k, n] in elements of e bytes."""
+def _gemm(
+    name: str, m: int, n: int, k: int, e: int, math: Math, count: float = 1.0, kernels: float | None = None
+) -> Op:
+    """`count` GEMMs of [m, k] x [k, n] in elements of e bytes, in `kernels` launches (default: one each;
+    a batched GEMM runs many in one)."""
     m, n, k = max(m, 1), max(n, 1), max(k, 1)
-    return Op(name, "matmul", 2.0 * m * n * k * count, float(m * k + k * n + m * n) * e * count, count, m, n, k, math)
+    launches = count if kernels is None else kernels
+    return Op(
+        name, "matmul", 2.0 * m * n * k * count, float(m * k + k * n + m * n) * e * count, launches, m, n, k, math
+    )
 
 
 def _mem(name: str, nbytes: float, kernels: float) -> Op:
@@ -142,9 +149,9 @@ def _attention(
         pairs = q_len * span * (0.5 if causal and q_len == kv_len and window is None else 1.0)
         f = 4.0 * bh * pairs * head_dim
         io = 4.0 * bh * q_len * head_dim * e  # q, k, v in, out
-        s.add(Op("attention", "attention", f, io, layers, math=math), fwd)
+        s.add(Op("attention", "attention", f, io, layers, q_len, span, head_dim, math=math), fwd)
         if backward:
-            s.add(Op("attention", "attention", 2.5 * f, 2.5 * io, layers, math=math))
+            s.add(Op("attention", "attention", 2.5 * f, 2.5 * io, layers, q_len, span, head_dim, math=math))
         return
     # math / eager: two batched GEMMs over the whole square, then element-wise passes over the scores
     scores = float(bh) * q_len * kv_len
@@ -152,12 +159,12 @@ def _attention(
     # scale (eager folds it into the first matmul), mask add (read scores + mask, write), softmax to fp32
     # (read, write 4 B), cast back (read 4, write e), PV reads the probabilities
     fwd_bytes = scores * (2 * sc + 2 * sc + (sc + 4) + (4 + e))
-    s.add(_gemm("attention", q_len, kv_len, head_dim, e, math, bh), fwd)
-    s.add(_gemm("attention", q_len, head_dim, kv_len, e, math, bh), fwd)
+    s.add(_gemm("attention", q_len, kv_len, head_dim, e, math, bh, layers), fwd)
+    s.add(_gemm("attention", q_len, head_dim, kv_len, e, math, bh, layers), fwd)
     s.add(_mem("attention", fwd_bytes, 4 * layers), fwd)
     if backward:
-        s.add(_gemm("attention", q_len, kv_len, head_dim, e, math, 2 * bh))  # dP and dV
-        s.add(_gemm("attention", q_len, head_dim, kv_len, e, math, 2 * bh))  # dQ and dK
+        s.add(_gemm("attention", q_len, kv_len, head_dim, e, math, 2 * bh, 2 * layers))  # dP and dV
+        s.add(_gemm("attention", q_len, head_dim, kv_len, e, math, 2 * bh, 2 * layers))  # dQ and dK
         # softmax backward, the casts' and scale's backward: about 1.5x the forward passes
         s.add(_mem("attention", 1.5 * fwd_bytes, 6 * layers))
 
@@ -224,8 +231,6 @@ def _lora(s: _Steps, w: Workload, m: int, k_in: int, n_out: int, e: int, count: 
     # the sum of the base's and the adapter's input gradients
     out_b = m * n_out * ((e + 4) + (4 + e) + 8) + m * k_in * (3 * e)
     s.add(_mem("lora", count * (out_b + cast_in), count * 5))
-    # peft's Python forward per adapted module (host time; `lora_call_s` per call in plan/steptime.py)
-    s.add(Op("lora", "host", kernels=count), fwd)
 
 
 def lm_ops(spec: ModelSpec, w: Workload, *, tokens: int | None = None, training: bool | None = None) -> list[Op]:
@@ -465,13 +470,16 @@ def comm_ops(spec: ModelSpec, w: Workload) -> list[Op]:
         gathers = 2 * w.grad_accum
         copies = params * gathers * (1 / n + 2) + grads * w.grad_accum * (2 + 2 / n)
         return [
-            Op("comm", "comm", 0.0, frac * params * gathers, 2 * spec.layers),
-            Op("comm", "comm", 0.0, frac * grads * w.grad_accum, spec.layers),
+            Op("comm", "comm", 0.0, frac * params * gathers, 2 * spec.layers, collective="all_gather"),
+            Op("comm", "comm", 0.0, frac * grads * w.grad_accum, spec.layers, collective="reduce_scatter"),
             _mem("comm copies", copies, 4 * spec.layers * (gathers + w.grad_accum)),
         ]
     buckets = max(1, grads // (25 * 2**20))  # DDP's 25 MiB buckets (bucket_cap_mb)
     # the reducer copies gradients into the buckets and the averaged buckets back (gradient_as_bucket_view=False)
-    return [Op("comm", "comm", 0.0, 2 * frac * grads, buckets), _mem("comm copies", 4.0 * grads, 4 * buckets)]
+    return [
+        Op("comm", "comm", 0.0, 2 * frac * grads, buckets, collective="all_reduce"),
+        _mem("comm copies", 4.0 * grads, 4 * buckets),
+    ]
 
 
 def training_ops(spec: ModelSpec, w: Workload) -> list[Op]:

@@ -4,20 +4,23 @@ Each op takes the longest of:
 - its FLOPs at the card's dense peak for its arithmetic (bf16/fp16 tensor cores, TF32 for fp32 convolutions,
   the fp32 pipes for fp32 matmuls) times an achieved efficiency. For GEMMs the efficiency depends on the shape:
   `eff = mm_eff · Π_d d/(d + d0)` over d in (M, N, K), so small and skinny GEMMs (LoRA's rank-r products,
-  tiny batches) run far below peak; fused attention kernels run at `attn_eff` of the peak;
+  tiny batches) run far below peak; fused attention kernels run at `attn_eff · S/(S + attn_s0)` of the peak
+  (S: keys per query);
 - its bytes at the card's HBM bandwidth times `bw_eff`;
-- its kernel launches times `launch_s`, the per-kernel cost of eager PyTorch on the host (a small job cannot
-  run faster than Python can launch its kernels).
+- its kernel launches times `launch_s` (the shortest a kernel takes on the device).
+The host issues the kernels ahead of the device: a step (a decode step in generation) takes at least its
+kernel count times `host_s`, eager PyTorch's host cost per op (what makes HF generate host-bound).
 Several GPUs add collective bytes at the link's bandwidth (catalog `link_gbs`, per direction = half the
 bidirectional figure), overlapped as the framework overlaps them: DDP all-reduces gradient buckets during the
 backward pass (only what exceeds the backward time, and at least the last bucket, is exposed); FSDP2 prefetches
 the next layer's all-gather during compute (what exceeds the compute is exposed, and at least the first gather).
 
-The few constants (mm_eff, fp32_eff, d0, attn_eff, bw_eff, launch_s) are fitted on the H200 training rows that
+The few constants (mm_eff, fp32_eff, d0, attn_eff, attn_s0, bw_eff, launch_s, conv_eff, conv_tf32_eff, host_s)
+are fitted on the H200 training rows that
 recorded step_seconds (`python benchmarks/steptime.py --fit`, written to plan/data/steptime_fit.json with
 the rows, date and command; the fit and held-out errors are in docs/steptime.md). Other cards use the same
 constants on their own datasheet peaks and bandwidth; a card's own measurements (trial/bench records in the
-results database, `efficiency_factors`) scale its step time by the median measured/predicted ratio.
+results database, plan/calibrate.py) scale its step time by the median measured/predicted ratio.
 """
 
 from __future__ import annotations
@@ -46,17 +49,34 @@ class Efficiency:
     launch_s: float  # host seconds per kernel launch in eager PyTorch
     conv_eff: float  # best share of the 16-bit peak a cuDNN convolution reaches (NCHW tensors, PyTorch defaults)
     conv_tf32_eff: float  # the same for fp32 convolutions on TF32 tensor cores (cuDNN picks other kernels)
-    lora_call_s: float  # host seconds of peft's Python forward per adapted module
+    host_s: float  # host seconds per op in eager PyTorch (bounds host-bound steps, e.g. decoding)
+    attn_s0: float  # keys per query at which a fused attention kernel reaches half of attn_eff
 
     def to_json(self) -> dict[str, float]:
         return {k: float(getattr(self, k)) for k in PARAM_NAMES}
 
 
-# NCCL's achieved share of the link's one-way bandwidth (bus bandwidth / link bandwidth). Until measured on the
-# 2 x H200 machine (benchmarks/steptime_gpu.sh records it), the link is taken at its nominal one-way rate.
-LINK_EFF = 1.0
+# NCCL's achieved share of the link's one-way bandwidth (bus bandwidth / link bandwidth), per collective; measured
+# on the 2 x H200 machine (docs/calibration/nccl_h200x2.json, benchmarks/steptime.py --nccl: 256 MiB of bf16) and
+# copied into plan/data/steptime_fit.json by the fit.
+@functools.cache
+def link_eff() -> dict[str, float]:
+    text = resources.files("gpuready.plan").joinpath("data/steptime_fit.json").read_text(encoding="utf-8")
+    return {k: float(v) for k, v in json.loads(text).get("link_eff", {}).items()}
 
-PARAM_NAMES = ("mm_eff", "fp32_eff", "d0", "attn_eff", "bw_eff", "launch_s", "conv_eff", "conv_tf32_eff", "lora_call_s")
+
+PARAM_NAMES = (
+    "mm_eff",
+    "fp32_eff",
+    "d0",
+    "attn_eff",
+    "bw_eff",
+    "launch_s",
+    "conv_eff",
+    "conv_tf32_eff",
+    "host_s",
+    "attn_s0",
+)
 
 
 @functools.cache
@@ -138,10 +158,8 @@ def op_seconds(op: Op, gpu: Gpu, eff: Efficiency, precision: str, notes: set[str
     """Seconds of one op on one card (comm ops: the transfer alone; overlap is decided by `step_time`)."""
     bw = (gpu.mem_bw_gbs or 0.0) * 1e9 * eff.bw_eff
     host = op.kernels * eff.launch_s
-    if op.kind == "host":
-        return op.kernels * eff.lora_call_s
     if op.kind == "comm":
-        link = (gpu.link_gbs or 0.0) * 1e9 / 2 * LINK_EFF
+        link = (gpu.link_gbs or 0.0) * 1e9 / 2 * link_eff().get(op.collective, 1.0)
         return op.bytes / link if link > 0 else math.inf
     mem = op.bytes / bw if bw > 0 else math.inf
     if op.kind == "memory":
@@ -150,6 +168,8 @@ def op_seconds(op: Op, gpu: Gpu, eff: Efficiency, precision: str, notes: set[str
     if note and notes is not None:
         notes.add(note)
     share = eff.attn_eff * (eff.fp32_eff / eff.mm_eff if op.math == "fp32" else 1.0)
+    if op.kind == "attention" and op.n:
+        share *= op.n / (op.n + eff.attn_s0)  # short key spans leave the fused kernel's tiles part-empty
     if op.kind == "matmul":
         share = _gemm_eff(eff, op)
     share *= VENDOR_MATMUL_SCALE.get(gpu.vendor, 1.0)
@@ -162,6 +182,12 @@ def _sum(ops: Iterable[Op], gpu: Gpu, eff: Efficiency, precision: str, notes: se
     for op in ops:
         out[op.name] = out.get(op.name, 0.0) + op_seconds(op, gpu, eff, precision, notes)
     return out
+
+
+def _host_bound(ops: Iterable[Op], eff: Efficiency, gpu_seconds: float) -> float:
+    """Seconds the device waits for the host: kernel launches times host_s beyond the device's own time."""
+    host = sum(op.kernels for op in ops if op.kind != "comm") * eff.host_s
+    return max(0.0, host - gpu_seconds)
 
 
 def _exposed_comm(w: Workload, comm: list[Op], compute: float, backward: float, gpu: Gpu, eff: Efficiency) -> float:
@@ -184,6 +210,10 @@ def training_breakdown(
     work = [o for o in all_ops if o.kind != "comm"]
     breakdown = _sum(work, gpu, eff, w.precision, notes)
     compute = sum(breakdown.values())
+    waiting = _host_bound(work, eff, compute)
+    if waiting > 0:
+        breakdown["host (exposed)"] = waiting
+        compute += waiting
     # backward is about two thirds of a step's compute (twice the forward's GEMMs)
     exposed = _exposed_comm(w, comm, compute, compute * 2 / 3, gpu, eff)
     if comm:
@@ -216,17 +246,23 @@ def step_time(
         per_gpu = w.batch * w.grad_accum * (1 if vision else w.seq)
         units = per_gpu * w.gpus
     elif vision:
-        breakdown = _sum(vision_ops(spec, w), gpu, eff, w.precision, notes)
+        ops = vision_ops(spec, w)
+        breakdown = _sum(ops, gpu, eff, w.precision, notes)
+        breakdown["host (exposed)"] = _host_bound(ops, eff, sum(breakdown.values()))
         units = w.batch * w.gpus
     else:
-        breakdown = _sum(lm_ops(spec, w), gpu, eff, w.precision, notes)
+        ops = lm_ops(spec, w)
+        breakdown = _sum(ops, gpu, eff, w.precision, notes)
+        breakdown["host (exposed)"] = _host_bound(ops, eff, sum(breakdown.values()))
         breakdown = {f"prefill {k}": v for k, v in breakdown.items()}
         units = w.batch * w.seq * w.gpus
         if w.new_tokens:
             # decode steps read the weights and a KV cache that grows from seq to seq + new_tokens; the middle
             # step's cost times the step count
             mid = w.seq + w.new_tokens // 2
-            decode = _sum(lm_decode_ops(spec, w, mid), gpu, eff, w.precision, notes)
+            dops = lm_decode_ops(spec, w, mid)
+            decode = _sum(dops, gpu, eff, w.precision, notes)
+            decode["host (exposed)"] = _host_bound(dops, eff, sum(decode.values()))
             for k, v in decode.items():
                 breakdown[f"decode {k}"] = v * w.new_tokens
             units = w.batch * w.new_tokens * w.gpus
