@@ -194,3 +194,19 @@ def test_the_fit_file_names_its_rows_and_keeps_the_held_out_ones_out() -> None:
         if hashlib.blake2b(f"{args}|{w.gpus}".encode()).digest()[0] % 4 == 0:
             held.add(args)
     assert len(held) >= 10 and data["rows"] == len(data["fitted_on"])
+
+
+def test_hf_generate_is_host_bound_and_says_so() -> None:
+    rows = {}
+    for f in sorted((ROOT / "docs" / "calibration").glob("h200_steptime_new*.jsonl")):
+        for line in f.read_text(encoding="utf-8").splitlines():
+            r = json.loads(line)
+            if r.get("request_seconds"):
+                rows[r["args"]] = float(r["request_seconds"])
+    assert len(rows) == 2
+    for args, measured in rows.items():
+        st = step_time(workload_from_args(args), H200)
+        assert 1 / 1.5 < st.seconds / measured < 1.5  # the two rows host_s was fitted on
+        assert any(n.startswith("host-bound") for n in st.notes)
+        # the device's own share is small: a card twice as fast would gain little
+        assert st.breakdown["decode host (exposed)"] > 0.5 * st.seconds

@@ -153,6 +153,19 @@ def _cost_per_unit(st: StepTime, price: Price | None, count: int) -> float | Non
     return price.per_gpu_hour * count / 3600 / st.units_per_second * UNIT_SCALE[st.unit]
 
 
+def _grouped(card_notes: set[str]) -> list[str]:
+    """'T4 has no bf16 ...' and 'V100 ... has no bf16 ...' become one line naming both cards."""
+    by_rest: dict[str, list[str]] = {}
+    plain = []
+    for note in sorted(card_notes):
+        card, sep, rest = note.partition(" has no ")
+        if sep:
+            by_rest.setdefault(rest, []).append(card)
+        else:
+            plain.append(note)
+    return [f"{', '.join(cards)}: no {rest}" for rest, cards in by_rest.items()] + plain
+
+
 def plan(
     workload: Workload,
     prices: dict[str, Price],
@@ -183,6 +196,7 @@ def plan(
     fits_cache = _Fits(spec, [g.usable_bytes for g in cards])
     estimates: dict[int, Any] = {}
     options = []
+    card_notes: set[str] = set()
     unit = "images" if spec.kind == "vision" else "tokens"
     units_per_step = 0
     job_steps = steps
@@ -204,6 +218,7 @@ def plan(
             if best is not None:
                 _, change, run_w, st = best
         units_per_step = units_per_step or st.units_per_step
+        card_notes.update(st.notes)
         unit = st.unit
         price = prices.get(gpu.name)
         if tokens is not None:
@@ -274,6 +289,7 @@ def plan(
         "a card that holds the job only with a change that keeps the work (e.g. --grad-ckpt) is timed with it",
         "prices: per GPU-hour on demand, from data/prices.csv (each with provider, date, source) or --prices",
     ]
+    notes += _grouped(card_notes)
     if calibration:
         cards_cal = ", ".join(f"{k} x{v:.2f}" for k, v in sorted(calibration.items()))
         notes.append(f"step times scaled by this machine's measured records: {cards_cal}")

@@ -266,5 +266,12 @@ def step_time(
             for k, v in decode.items():
                 breakdown[f"decode {k}"] = v * w.new_tokens
             units = w.batch * w.new_tokens * w.gpus
-    seconds = sum(breakdown.values()) * calibration
+    total = sum(breakdown.values())
+    host = sum(v for k, v in breakdown.items() if k.endswith("host (exposed)"))
+    if total > 0 and host > 0.5 * total:
+        notes.add(
+            "host-bound: eager PyTorch's per-op cost on the CPU sets most of this step's time (e.g. HF generate's "
+            "decode), so faster GPUs gain little; a serving engine with CUDA graphs would not be"
+        )
+    seconds = total * calibration
     return StepTime(gpu.name, w.gpus, seconds, int(units), unit, dict(breakdown), calibration, tuple(sorted(notes)))
