@@ -7,7 +7,7 @@
 
 Rows: ../shared/calibration/h200.jsonl and docs/calibration/h200_gpuready*.jsonl (training rows with
 step_seconds; 1 and 2 GPUs). A row is held out of the fit when the first byte of blake2b(args + gpus) is
-divisible by 4 (a fixed rule, about one row in four). Rows of docs/calibration/h200_steptime_new*.jsonl were
+divisible by 4 (a fixed rule, about one row in four). Rows of docs/calibration/steptime_h200_new*.jsonl were
 measured after their predictions were committed (docs/calibration/steptime_heldout_predicted.txt); they are
 never fitted on.
 """
@@ -73,7 +73,7 @@ def held_out(args: str, gpus: int) -> bool:
 
 def load_rows() -> list[Row]:
     files = [ROOT.parent / "shared" / "calibration" / "h200.jsonl", *sorted(CAL.glob("h200_gpuready*.jsonl"))]
-    new_files = sorted(CAL.glob("h200_steptime_new*.jsonl"))
+    new_files = sorted(CAL.glob("steptime_h200_new*.jsonl"))
     committed = committed_predictions()
     rows: list[Row] = []
     seen: set[tuple[str, int]] = set()

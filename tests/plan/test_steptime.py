@@ -148,7 +148,7 @@ def _rows() -> list[tuple[str, float]]:
     """The committed H200 training rows, a job re-measured later (steptime_new) replacing its older row."""
     rows: dict[str, float] = {}
     cal = ROOT / "docs" / "calibration"
-    files = sorted(cal.glob("h200_gpuready*.jsonl")) + sorted(cal.glob("h200_steptime_new*.jsonl"))
+    files = sorted(cal.glob("h200_gpuready*.jsonl")) + sorted(cal.glob("steptime_h200_new*.jsonl"))
     for f in files:
         if f.name == "h200_gpuready_multi_gpu.jsonl":  # recorded with the allocator history on
             continue
@@ -176,7 +176,7 @@ def test_the_committed_held_out_predictions_were_made_before_the_rows_they_predi
     predicted = (ROOT / "docs" / "calibration" / "steptime_heldout_predicted.txt").read_text(encoding="utf-8")
     jobs = {line.split("\t", 1)[1] for line in predicted.splitlines() if line and not line.startswith("#")}
     measured = set()
-    for f in sorted((ROOT / "docs" / "calibration").glob("h200_steptime_new*.jsonl")):
+    for f in sorted((ROOT / "docs" / "calibration").glob("steptime_h200_new*.jsonl")):
         measured |= {json.loads(line)["args"] for line in f.read_text(encoding="utf-8").splitlines()}
     assert measured == jobs and len(jobs) == 15
 
@@ -198,7 +198,7 @@ def test_the_fit_file_names_its_rows_and_keeps_the_held_out_ones_out() -> None:
 
 def test_hf_generate_is_host_bound_and_says_so() -> None:
     rows = {}
-    for f in sorted((ROOT / "docs" / "calibration").glob("h200_steptime_new*.jsonl")):
+    for f in sorted((ROOT / "docs" / "calibration").glob("steptime_h200_new*.jsonl")):
         for line in f.read_text(encoding="utf-8").splitlines():
             r = json.loads(line)
             if r.get("request_seconds"):
