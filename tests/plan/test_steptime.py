@@ -154,7 +154,7 @@ def _rows() -> list[tuple[str, float]]:
             continue
         for line in f.read_text(encoding="utf-8").splitlines():
             r = json.loads(line)
-            if r.get("step_seconds") and (r["args"] not in rows or "steptime_new" in f.name):
+            if r.get("step_seconds") and (r["args"] not in rows or f.name.startswith("steptime_h200_new")):
                 rows[r["args"]] = float(r["step_seconds"])
     return list(rows.items())
 
