@@ -3,7 +3,8 @@
 Each input line is a job written as `gpuready estimate` arguments (`#` starts a comment; an optional
 `id=NAME ` prefix names the row). Output: JSON lines with exactly the keys of
 ../shared/calibration/h200.jsonl (id, args, gpu, gpus, peak_allocated_bytes, peak_reserved_bytes,
-device_overhead_bytes, params, trainable, step_seconds); a job that fails keeps null peaks and adds `error`.
+device_overhead_bytes, params, trainable, step_seconds); inference rows add request_seconds (the probe's
+timed generate() call, or its median prefill forward); a job that fails keeps null peaks and adds `error`.
 
     python benchmarks/calibrate.py JOBS.txt OUT.jsonl [--timeout 300] [--nproc 2]
 """
@@ -73,6 +74,9 @@ def main() -> int:
                 "trainable": point.trainable,
                 "step_seconds": point.step_seconds if (point.ok and workload.task == "train") else None,
             }
+            if point.ok and workload.task == "infer":
+                # one request: the generate() call (new tokens), or the median prefill forward
+                row["request_seconds"] = point.step_seconds
             if not point.ok:
                 row["error"] = f"{point.status}: {point.error}"
             out.write(json.dumps(row) + "\n")

@@ -1,5 +1,6 @@
-"""Achieved share of peak (MFU) of the measured H200 training rows, by plan.step_flops; the medians are
-plan.MEASURED_MFU.    python benchmarks/mfu.py"""
+"""Achieved share of peak (MFU) of the measured H200 training rows, by plan.step_flops (the FLOPs of the
+job's ops, plan/ops.py). The step-time model itself is checked by benchmarks/steptime.py.
+    python benchmarks/mfu.py"""
 
 from __future__ import annotations
 

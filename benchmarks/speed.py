@@ -1,6 +1,7 @@
 """Speed of the arithmetic estimator: the CLI end to end, its imports, and library estimates per second.
 
 python benchmarks/speed.py            # prints a Markdown report
+python benchmarks/speed.py --plan     # `gpuready plan` end to end only (docs/steptime.md)
 """
 
 from __future__ import annotations
@@ -74,7 +75,33 @@ def catalog_rate(models: list[str]) -> tuple[int, float]:
     return verdicts, time.perf_counter() - t0
 
 
+PLAN_JOBS = (
+    ["llama-3.2-3b", "--batch", "4", "--seq", "2048"],
+    ["qwen2.5-7b", "--method", "lora", "--seq", "4096", "--grad-ckpt", "--tokens", "50000000"],
+    ["resnet50", "--batch", "128"],
+)
+
+
+def plan_report(runs: int = 3) -> None:
+    """`gpuready plan` end to end: estimates on every catalog card (cached per memory size), same-work changes
+    for the cards that need one, the step time of each."""
+    print(f"date: {time.strftime('%Y-%m-%d')}, machine: {platform.platform()}, python {platform.python_version()}")
+    print("command: python benchmarks/speed.py --plan\n")
+    print("| plan job | median s | min s | max s |\n|---|---:|---:|---:|")
+    for job in PLAN_JOBS:
+        argv = [sys.executable, "-m", "gpuready", "plan", *job, "--json"]
+        times = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            subprocess.run(argv, capture_output=True, check=False)
+            times.append(time.perf_counter() - t0)
+        print(f"| {' '.join(job)} | {statistics.median(times):.2f} | {min(times):.2f} | {max(times):.2f} |")
+
+
 def main() -> int:
+    if "--plan" in sys.argv[1:]:
+        plan_report()
+        return 0
     times = cli_seconds()
     heavy = heavy_imports()
     print(

@@ -1,4 +1,12 @@
-"""GPU specs. Memory is the vendor's marketing figure in GB (10^9); usable memory is what the driver reports."""
+"""GPU specs. Memory is the vendor's marketing figure in GB (10^9); usable memory is what the driver reports.
+
+data/gpus.csv: one row per card with its datasheet (source_url). Tensor-core rates are dense (vendors' sparse
+headline figures halved) per dtype: bf16, fp16 (equal to bf16 from Ampere on; the only tensor-core figure on
+Turing/Volta, which have no bf16 or TF32 units, so their bf16 and tf32 cells are empty), tf32, fp8; fp32 is the
+non-tensor rate. GeForce cards list the FP32-accumulate rate PyTorch uses. link_gbs is the GPU-to-GPU bandwidth
+as vendors list it (both directions together): NVLink where the board has it built in, else the PCIe slot.
+How each figure was checked: ../shared/reference/catalog_and_cost.md §3 (merged into docs/steptime.md).
+"""
 
 from __future__ import annotations
 
@@ -24,6 +32,10 @@ class Gpu:
     fp32_tflops: float | None
     compute_capability: str | None
     source_url: str
+    fp16_dense_tflops: float | None = None
+    tf32_dense_tflops: float | None = None
+    link_gbs: float | None = None
+    notes: str = ""
 
     @property
     def usable_bytes(self) -> int:
@@ -55,6 +67,10 @@ def load_gpus() -> tuple[Gpu, ...]:
                     fp32_tflops=_num(row["fp32_tflops"]),
                     compute_capability=row["compute_capability"] or None,
                     source_url=row["source_url"],
+                    fp16_dense_tflops=_num(row["fp16_dense_tflops"]),
+                    tf32_dense_tflops=_num(row["tf32_dense_tflops"]),
+                    link_gbs=_num(row["link_gbs"]),
+                    notes=row.get("notes") or "",
                 )
             )
     return tuple(rows)

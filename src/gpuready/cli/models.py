@@ -84,8 +84,8 @@ def gpus_cmd(wide: WideOpt = False, json_out: JsonOpt = False) -> None:
         table.add_column(col, justify="left" if col in ("name", "source") else "right", no_wrap=True)
     for g in gpus:
         bf16 = f"{g.bf16_dense_tflops:g}" if g.bf16_dense_tflops else "?"
-        if bf16_supported(g) is False:  # compute capability below 8.0: the catalog's figure is not bf16
-            bf16 = "no bf16"
+        if bf16_supported(g) is False:  # compute capability below 8.0: no bf16 (the catalog gives fp16 only)
+            bf16 = f"no ({g.fp16_dense_tflops:g} fp16)" if g.fp16_dense_tflops else "no bf16"
         table.add_row(
             g.name,
             f"{g.memory_gb:g} GB",

@@ -1,12 +1,13 @@
-"""Rank the GPU catalog for one job: fits (the estimator), step time (FLOPs over an achieved fraction of the
-card's peak), job hours and cost (prices data).
+"""Rank the GPU catalog for one job by the cost of the work: fits (the estimator), step time and throughput
+(plan/steptime.py, the job's ops costed on each card), and the price (prices data).
 
-Step time for training: FLOPs per token 6N for full fine-tuning, 4N for LoRA (no weight gradients of the base),
-+2N with activation checkpointing (one more forward), plus attention 12·layers·hidden·seq (Kaplan et al. 2020,
-"Scaling Laws for Neural Language Models", §2.1; the 6N rule and the attention term). The achieved fraction of
-peak (MFU) is the median over the H200 training rows we measured (MEASURED_MFU below); it is applied to each
-card's dense bf16 (or fp32) rate from the catalog, so other cards are scaled by their datasheet, not measured.
-Inference has no step-time model yet (unknown is reported as None).
+Without a job length the ranking is by cost per unit of work: per 1M tokens (trained, generated, or prefilled)
+or per 1k images, = price per GPU-hour x GPUs x step seconds / units per step. With --tokens or --steps it is by
+the job's total cost (time = steps x step seconds); with --hours by the cost of the work done in those hours
+(the same order as per unit, the totals shown). Where a card holds the job only with a change that keeps the
+work the same (activation checkpointing, a smaller micro-batch with gradient accumulation, an 8-bit optimizer;
+inference: a smaller batch), its time is that of the changed job. A card's own measurements (trial/bench
+records, plan/calibrate.py) scale its step time.
 """
 
 from __future__ import annotations
@@ -18,20 +19,19 @@ from gpuready.catalog import Gpu, load_gpus
 from gpuready.catalog.prices import Price
 from gpuready.errors import InputError
 from gpuready.models import ModelSpec, resolve_model
+from gpuready.plan.steptime import StepTime, step_time
 from gpuready.workload import Workload
 
-# Median achieved share of peak of the single-GPU language-model training rows measured on the H200 (torch 2.11,
-# eager PyTorch, HF transformers; step_seconds in ../shared/calibration/h200.jsonl and docs/calibration/*.jsonl;
-# `python benchmarks/mfu.py`): bf16/fp16/mixed against 989 TFLOP/s, 0.30 over 24 rows (range 0.09-0.40: eager
-# attention, phi-3, gemma-2 and small batches at the low end); fp32 against 67 TFLOP/s, 0.55 over 3 (0.53-0.59).
-MEASURED_MFU = {"half": 0.30, "fp32": 0.55}
+UNIT_SCALE = {"tokens": 1_000_000, "images": 1_000}
+UNIT_LABEL = {"tokens": "1M tokens", "images": "1k images"}
+UNIT_SCALE_TEXT = {"tokens": "1e6", "images": "1e3"}
 
 
 @dataclass(frozen=True)
 class PlanOption:
     gpu: str
     count: int
-    fits: bool
+    fits: bool  # as given
     headroom_bytes: int
     max_batch: int
     step_seconds: float | None
@@ -39,6 +39,17 @@ class PlanOption:
     cost: float | None
     price_per_gpu_hour: float | None
     price_source: str | None
+    mitigation: str | None = None  # the change that makes the job fit on this card (None: fits as given)
+    throughput: float | None = None  # units (tokens or images) per second, all GPUs
+    unit: str = "tokens"
+    cost_per_unit: float | None = None  # $ per 1M tokens or per 1k images
+    units: float | None = None  # units of work in the job (with a length)
+    calibration: float = 1.0  # this card's measured/predicted step-time factor (1.0: no records)
+
+    @property
+    def runs(self) -> bool:
+        """Holds the job as given or with a same-work change."""
+        return self.fits or self.mitigation is not None
 
 
 @dataclass(frozen=True)
@@ -49,40 +60,112 @@ class PlanResult:
     mitigations: list[dict[str, Any]] = field(default_factory=list)
     assumptions: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    unit: str = "tokens"
+    units_per_step: int = 0
+    ranked_by: str = "cost per unit"  # or "job cost"
+    cost_formula: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "warnings": self.warnings,
-            "options": [asdict(o) for o in self.options],
+            "options": [asdict(o) | {"runs": o.runs} for o in self.options],
             "steps": self.steps,
             "tokens_per_step": self.tokens_per_step,
+            "unit": self.unit,
+            "unit_label": UNIT_LABEL[self.unit],
+            "units_per_step": self.units_per_step,
+            "ranked_by": self.ranked_by,
+            "cost_formula": self.cost_formula,
             "mitigations": self.mitigations,
             "assumptions": self.assumptions,
         }
 
 
 def step_flops(spec: ModelSpec, w: Workload) -> float | None:
-    """FLOPs of one optimizer step on one GPU (grad_accum micro-batches); None where there is no model."""
-    if not w.training or spec.kind != "lm":
+    """FLOPs of one optimizer step on one GPU from the job's ops (plan/ops.py); None for inference."""
+    if not w.training:
         return None
-    n = spec.params
-    per_token = 6 * n if w.method == "full" else 4 * n
-    if w.grad_ckpt:
-        per_token += 2 * n
-    per_token += 12 * spec.layers * spec.hidden * w.seq
-    return float(per_token * w.batch * w.seq * w.grad_accum)
+    from gpuready.plan.ops import training_ops
+
+    return sum(op.flops for op in training_ops(spec, w))
 
 
-def _step_seconds(flops: float | None, gpu: Gpu, w: Workload) -> float | None:
-    if flops is None:
-        return None
-    if w.precision == "fp32":
-        peak, mfu = gpu.fp32_tflops, MEASURED_MFU["fp32"]
+def _same_work_variants(w: Workload) -> list[tuple[str, Workload]]:
+    """Changes that keep the work (tokens or images per optimizer step, the method, the model), alone and
+    combined: activation checkpointing, micro-batch 1 with gradient accumulation, an 8-bit AdamW."""
+    out: list[tuple[str, Workload]] = []
+    if w.training:
+        toggles: list[tuple[str, dict[str, Any]]] = []
+        if not w.grad_ckpt:
+            toggles.append(("--grad-ckpt", {"grad_ckpt": True}))
+        if w.batch > 1:
+            accum = w.batch * w.grad_accum
+            toggles.append((f"--batch 1 --grad-accum {accum}", {"batch": 1, "grad_accum": accum}))
+        if w.optim == "adamw" and w.method == "full":
+            toggles.append(("--optim adamw8bit", {"optim": "adamw8bit"}))
+        for mask in range(1, 2 ** len(toggles)):
+            chosen = [t for i, t in enumerate(toggles) if mask >> i & 1]
+            update: dict[str, Any] = {}
+            for _, u in chosen:
+                update |= u
+            out.append((" ".join(c for c, _ in chosen), w.model_copy(update=update)))
     else:
-        peak, mfu = gpu.bf16_dense_tflops, MEASURED_MFU["half"]
-    if not peak:
+        b = w.batch // 2
+        while b >= 1:
+            out.append((f"--batch {b}", w.model_copy(update={"batch": b})))
+            b //= 2
+    return out
+
+
+class _Fits:
+    """Whether a workload fits a capacity, with estimates cached per (variant, capacity). Fitting is monotone in
+    capacity, so a variant is estimated only at the few capacities a binary search over the catalog needs."""
+
+    def __init__(self, spec: ModelSpec, capacities: list[int]) -> None:
+        self.spec = spec
+        self.capacities = sorted(set(capacities))
+        self.cache: dict[tuple[str, int], bool] = {}
+        self.smallest: dict[str, int | None] = {}
+
+    def _fits(self, change: str, w: Workload, capacity: int) -> bool:
+        from gpuready.memory import estimate
+
+        key = (change, capacity)
+        if key not in self.cache:
+            self.cache[key] = bool(estimate(w, capacity, spec=self.spec, find_max_batch=False).fits)
+        return self.cache[key]
+
+    def fits(self, change: str, w: Workload, capacity: int) -> bool:
+        if change not in self.smallest:
+            lo, hi = 0, len(self.capacities)
+            while lo < hi:  # first capacity that fits
+                mid = (lo + hi) // 2
+                if self._fits(change, w, self.capacities[mid]):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            self.smallest[change] = self.capacities[lo] if lo < len(self.capacities) else None
+        small = self.smallest[change]
+        return small is not None and capacity >= small
+
+
+def _cost_per_unit(st: StepTime, price: Price | None, count: int) -> float | None:
+    if price is None or st.units_per_second <= 0:
         return None
-    return flops / (peak * 1e12 * mfu)
+    return price.per_gpu_hour * count / 3600 / st.units_per_second * UNIT_SCALE[st.unit]
+
+
+def _grouped(card_notes: set[str]) -> list[str]:
+    """'T4 has no bf16 ...' and 'V100 ... has no bf16 ...' become one line naming both cards."""
+    by_rest: dict[str, list[str]] = {}
+    plain = []
+    for note in sorted(card_notes):
+        card, sep, rest = note.partition(" has no ")
+        if sep:
+            by_rest.setdefault(rest, []).append(card)
+        else:
+            plain.append(note)
+    return [f"{', '.join(cards)}: no {rest}" for rest, cards in by_rest.items()] + plain
 
 
 def plan(
@@ -92,9 +175,12 @@ def plan(
     tokens: int | None = None,
     steps: int | None = None,
     hours: float | None = None,
+    calibration: dict[str, float] | None = None,
+    gpus: tuple[Gpu, ...] | None = None,
     spec: ModelSpec | None = None,
-    only: list[str] | None = None,
 ) -> PlanResult:
+    """Every catalog card for `workload`, those that run it first, cheapest work first (module docstring).
+    `calibration`: catalog name -> measured/predicted step-time factor (plan/calibrate.py)."""
     from gpuready.memory import estimate
 
     given = {flag: x for flag, x in (("--tokens", tokens), ("--steps", steps), ("--hours", hours)) if x is not None}
@@ -104,19 +190,53 @@ def plan(
         if x <= 0:
             raise InputError(flag, f"got {x:g}; allowed: more than 0")
     spec = spec or resolve_model(workload.model, workload.as_family)
-    cards = [g for g in load_gpus() if only is None or g.name in only]
+    if tokens is not None and spec.kind == "vision":
+        raise InputError("--tokens", "a vision job counts images, not tokens; give --steps or --hours")
+    cards = gpus if gpus is not None else load_gpus()
+    calibration = calibration or {}
     count = workload.gpus
     tokens_per_step = workload.batch * workload.seq * workload.grad_accum * count
-    if tokens is not None:
-        steps = -(-tokens // tokens_per_step)
-    flops = step_flops(spec, workload)
+    variants = _same_work_variants(workload)
+    fits_cache = _Fits(spec, [g.usable_bytes for g in cards])
+    estimates: dict[int, Any] = {}
     options = []
+    card_notes: set[str] = set()
+    unit = "images" if spec.kind == "vision" else "tokens"
+    units_per_step = 0
+    job_steps = steps
     for gpu in cards:
-        est = estimate(workload, gpu.usable_bytes, spec=spec)
-        sec = _step_seconds(flops, gpu, workload)
-        job_hours = hours if hours is not None else (sec * steps / 3600 if sec is not None and steps else None)
+        if gpu.usable_bytes not in estimates:
+            estimates[gpu.usable_bytes] = estimate(workload, gpu.usable_bytes, spec=spec)
+        est = estimates[gpu.usable_bytes]
+        run_w, change = workload, None
+        factor = calibration.get(gpu.name, 1.0)
+        st = step_time(workload, gpu, spec=spec, calibration=factor)
+        if not est.fits:
+            # the fastest same-work change that fits this card
+            best: tuple[float, str, Workload, StepTime] | None = None
+            for ch, variant in variants:
+                if fits_cache.fits(ch, variant, gpu.usable_bytes):
+                    vst = step_time(variant, gpu, spec=spec, calibration=factor)
+                    if best is None or vst.seconds < best[0]:
+                        best = (vst.seconds, ch, variant, vst)
+            if best is not None:
+                _, change, run_w, st = best
+        units_per_step = units_per_step or st.units_per_step
+        card_notes.update(st.notes)
+        unit = st.unit
         price = prices.get(gpu.name)
+        if tokens is not None:
+            job_steps = -(-tokens // st.units_per_step)
+        sec = st.seconds
+        job_hours = hours if hours is not None else (sec * job_steps / 3600 if job_steps else None)
         cost = job_hours * price.per_gpu_hour * count if job_hours is not None and price else None
+        units = None
+        if job_hours is not None:
+            units = (
+                job_hours * 3600 * st.units_per_second
+                if hours is not None
+                else float(st.units_per_step * (job_steps or 0))
+            )
         options.append(
             PlanOption(
                 gpu.name,
@@ -129,32 +249,54 @@ def plan(
                 cost,
                 price.per_gpu_hour if price else None,
                 price.source if price else None,
+                mitigation=change,
+                throughput=st.units_per_second,
+                unit=st.unit,
+                cost_per_unit=_cost_per_unit(st, price, count),
+                units=units,
+                calibration=factor,
             )
         )
+        del run_w
+    by_job = tokens is not None or steps is not None
 
     def rank(o: PlanOption) -> tuple[Any, ...]:
+        inf = float("inf")
+        primary = o.cost if by_job else o.cost_per_unit
         return (
-            not o.fits,
-            o.cost if o.cost is not None else float("inf"),
-            o.price_per_gpu_hour if o.price_per_gpu_hour is not None else float("inf"),
+            not o.runs,
+            primary if primary is not None else inf,
+            o.step_seconds if o.step_seconds is not None else inf,
             -o.headroom_bytes,
         )
 
     options.sort(key=rank)
     mitigations: list[dict[str, Any]] = []
-    if not any(o.fits for o in options):
+    if not any(o.runs for o in options):
         from gpuready.memory.mitigations import suggest
 
         largest = max(cards, key=lambda g: g.usable_bytes)
         mitigations = [m.to_json() | {"gpu": largest.name} for m in suggest(workload, largest.usable_bytes)]
+    label = UNIT_LABEL[unit]
+    formula = (
+        f"cost per {label} = $/GPU-h x GPUs x step s / {unit} per step x {UNIT_SCALE_TEXT[unit]} / 3600"
+        if not by_job
+        else "job cost = $/GPU-h x GPUs x steps x step s / 3600"
+    )
+    if hours is not None:
+        formula = f"cost = $/GPU-h x GPUs x {hours:g} h; ranked by {formula}"
     notes = [
         "fits: the estimator's peak on the device with its 5% reserve margin, per GPU, on the catalog's memory",
-        "step time: FLOPs (6N full, 4N LoRA, +2N checkpointing, + attention) at the measured H200 share of peak "
-        f"({MEASURED_MFU['half']:.0%} bf16/fp16, {MEASURED_MFU['fp32']:.0%} fp32) of each card's datasheet rate",
+        "step time: the job's ops (matmuls by shape at the card's dense peak for the dtype, attention by kernel, "
+        "element-wise and optimizer bytes at its memory bandwidth, collectives at its link) with efficiencies "
+        "fitted on H200 measurements; other cards scaled by their datasheets (docs/steptime.md)",
+        "a card that holds the job only with a change that keeps the work (e.g. --grad-ckpt) is timed with it",
         "prices: per GPU-hour on demand, from data/prices.csv (each with provider, date, source) or --prices",
     ]
-    if flops is None:
-        notes.append("no step-time model for this job (inference or vision): step_seconds and cost are unknown")
+    notes += _grouped(card_notes)
+    if calibration:
+        cards_cal = ", ".join(f"{k} x{v:.2f}" for k, v in sorted(calibration.items()))
+        notes.append(f"step times scaled by this machine's measured records: {cards_cal}")
     from gpuready.catalog.cards import bf16_supported
 
     warnings = []
@@ -163,4 +305,15 @@ def plan(
         warnings.append(
             f"no bf16 on {', '.join(no_bf16)} (compute capability below 8.0): use --precision fp16 or fp32 there"
         )
-    return PlanResult(options, steps, tokens_per_step, mitigations, notes, warnings)
+    return PlanResult(
+        options,
+        job_steps,
+        tokens_per_step,
+        mitigations,
+        notes,
+        warnings,
+        unit=unit,
+        units_per_step=units_per_step,
+        ranked_by="job cost" if by_job else "cost per unit",
+        cost_formula=formula,
+    )

@@ -85,6 +85,16 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX benches_gpu ON benches(gpu);
     """,
+    # 4: per-GPU-model step-time factors (measured / predicted) fitted from the records (plan/calibrate.py)
+    """
+    CREATE TABLE gpu_efficiency (
+        gpu TEXT PRIMARY KEY,
+        factor REAL NOT NULL,
+        records INTEGER NOT NULL,
+        updated_at REAL NOT NULL,
+        detail TEXT
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -329,6 +339,21 @@ class ResultsDB:
             sql += f" LIMIT {int(limit)}"
         rows = self.conn.execute(sql, args).fetchall()
         return [self._record(row) for row in rows]
+
+    def set_gpu_efficiency(self, factors: dict[str, tuple[float, int, dict[str, Any]]]) -> None:
+        """Replace the stored per-GPU-model step-time factors: name -> (factor, records, detail)."""
+        with self._tx() as conn:
+            conn.execute("DELETE FROM gpu_efficiency")
+            for gpu, (factor, records, detail) in factors.items():
+                conn.execute(
+                    "INSERT INTO gpu_efficiency (gpu, factor, records, updated_at, detail) VALUES (?,?,?,?,?)",
+                    (gpu, float(factor), int(records), time.time(), json.dumps(detail, default=str)),
+                )
+
+    def gpu_efficiency(self) -> dict[str, tuple[float, int]]:
+        """Stored step-time factors: GPU model (catalog name) -> (factor, records)."""
+        rows = self.conn.execute("SELECT gpu, factor, records FROM gpu_efficiency").fetchall()
+        return {str(r["gpu"]): (float(r["factor"]), int(r["records"])) for r in rows}
 
     def _record(self, row: sqlite3.Row) -> RunRecord:
         pts = self.conn.execute("SELECT * FROM points WHERE run_id = ? ORDER BY id", (row["id"],)).fetchall()

@@ -1,0 +1,119 @@
+"""Measured records sharpen the plan: a GPU model's step-time factor = the median of measured / predicted step
+seconds over the records of that card in the results database (store/db.py).
+
+A record is any run whose workload is stored (`runs.workload`, the Workload fields) and whose points carry
+`step_seconds` for one optimizer step (training) or one request (inference), on a GPU whose name (NVML's, e.g.
+"NVIDIA H200", "NVIDIA A100-SXM4-80GB", "Tesla T4") maps to a catalog card. `trial` writes such runs; `bench`
+may too (same columns). Each point's `values` (the swept variable, e.g. {"batch": 8}) override the workload.
+
+`refresh_factors(db)` fits and stores the factors (table gpu_efficiency); `stored_factors()` reads them for
+`plan` without creating a database; `card_for(nvml_name)` maps a device name to the catalog.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from pathlib import Path
+from typing import Any
+
+from gpuready.catalog import Gpu, load_gpus
+from gpuready.store.db import ResultsDB, default_db_path
+
+# words of NVML names that say nothing about which catalog card it is
+_NOISE = {"nvidia", "tesla", "geforce", "hbm3", "hbm3e", "hbm2", "hbm2e", "gddr6", "gddr6x", "gb"}
+# records that disagree with the model by more than this factor are faults (a throttled or shared GPU, a
+# failed job), not calibration
+_SANE = (1 / 5, 5.0)
+
+
+def _words(text: str) -> list[str]:
+    out = []
+    for word in re.split(r"[^a-z0-9]+", text.lower()):
+        if not word or word in _NOISE:
+            continue
+        out.append(re.sub(r"^(sxm|pcie)\d$", r"\1", word))  # SXM4/SXM5 -> sxm
+    return out
+
+
+def card_for(device_name: str, gpus: tuple[Gpu, ...] | None = None) -> Gpu | None:
+    """The catalog card an NVML device name means: the model number must match; then the card sharing most
+    words with the name (form factor, memory size); ties go to the catalog's order (SXM first)."""
+    words = _words(device_name)
+    if not words:
+        return None
+    best: tuple[int, int] | None = None
+    found = None
+    for i, gpu in enumerate(gpus or load_gpus()):
+        names = _words(gpu.name)
+        if not names or names[0] not in words:
+            continue
+        score = sum(1 for w in words if w in names or any(n.startswith(w) for n in names))
+        key = (score, -i)
+        if best is None or key > best:
+            best, found = key, gpu
+    return found
+
+
+def _records(db: ResultsDB) -> list[tuple[Gpu, Any, float]]:
+    from gpuready.workload import make_workload
+
+    out = []
+    for run in db.runs(limit=None):
+        if not run.workload or not run.gpu:
+            continue
+        card = card_for(run.gpu)
+        if card is None:
+            continue
+        for point in run.points:
+            seconds = point.get("step_seconds")
+            if not point.get("ok") or not seconds:
+                continue
+            fields = {k: v for k, v in run.workload.items() if v is not None} | dict(point.get("values") or {})
+            try:
+                w = make_workload(**fields)
+            except Exception:  # a record of another gpuready version's workload: skip it, it says nothing here
+                continue
+            out.append((card, w, float(seconds)))
+    return out
+
+
+def fit_factors(db: ResultsDB) -> dict[str, tuple[float, int, dict[str, Any]]]:
+    """Catalog name -> (median measured/predicted, records used, detail) from the records in `db`."""
+    from gpuready.plan.steptime import step_time
+
+    ratios: dict[str, list[float]] = {}
+    for card, w, seconds in _records(db):
+        try:
+            predicted = step_time(w, card).seconds
+        except Exception:  # a model that cannot be resolved here (a local folder gone): skip the record
+            continue
+        if predicted <= 0:
+            continue
+        ratio = seconds / predicted
+        if _SANE[0] <= ratio <= _SANE[1]:
+            ratios.setdefault(card.name, []).append(ratio)
+    return {
+        name: (statistics.median(vals), len(vals), {"min": min(vals), "max": max(vals)})
+        for name, vals in ratios.items()
+    }
+
+
+def refresh_factors(db: ResultsDB) -> dict[str, float]:
+    """Fit the factors from the records and store them in the database; returns name -> factor."""
+    factors = fit_factors(db)
+    db.set_gpu_efficiency(factors)
+    return {name: f for name, (f, _, _) in factors.items()}
+
+
+def stored_factors(path: str | Path | None = None) -> dict[str, float]:
+    """Factors for `plan`, refreshed from the records, when a results database exists (none is created);
+    an unreadable database gives no factors (plan then uses the fitted model alone)."""
+    p = Path(path).expanduser() if path is not None else default_db_path()
+    if not p.is_file():
+        return {}
+    try:
+        with ResultsDB(p) as db:
+            return refresh_factors(db)
+    except Exception:  # the database is the user's; plan must answer without it
+        return {}

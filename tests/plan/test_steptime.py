@@ -1,0 +1,212 @@
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from gpuready.catalog import find_gpu, load_gpus
+from gpuready.models import resolve_model
+from gpuready.plan import card_for, step_time
+from gpuready.plan.ops import comm_ops, training_ops
+from gpuready.plan.steptime import PARAM_NAMES, fitted
+from gpuready.workload import make_workload, workload_from_args
+
+ROOT = Path(__file__).resolve().parents[2]
+H200 = find_gpu("H200 SXM")
+
+
+def secs(gpu: str = "H200 SXM", **fields: object) -> float:
+    return step_time(make_workload(**fields), find_gpu(gpu)).seconds
+
+
+def test_step_time_grows_with_batch_sequence_and_checkpointing() -> None:
+    base = dict(model="llama-3.2-1b", batch=2, seq=1024)
+    t = secs(**base)
+    t4, t8 = secs(**(base | {"batch": 4})), secs(**(base | {"batch": 8}))
+    assert t < t4 < t8 and t4 > 1.3 * t  # more tokens; the optimizer step is the same
+    assert secs(**(base | {"seq": 4096})) > 2.5 * t  # 4x the tokens, longer attention; the optimizer: fixed
+    ckpt = secs(**(base | {"grad_ckpt": True}))
+    assert 1.1 * t < ckpt < 1.5 * t  # one more forward pass
+    # four micro-batches, one optimizer step, plus each later micro-batch's gradient accumulation
+    one = step_time(make_workload(**base), H200)
+    four = step_time(make_workload(**(base | {"grad_accum": 4})), H200)
+    assert 3 * t < four.seconds < 4.5 * t
+    assert four.breakdown["projections"] == pytest.approx(4 * one.breakdown["projections"])
+    assert one.breakdown["optimizer"] < four.breakdown["optimizer"] < 2 * one.breakdown["optimizer"]
+
+
+def test_faster_cards_are_faster_and_fp32_runs_on_the_fp32_pipes() -> None:
+    job = dict(model="qwen2.5-1.5b", batch=4, seq=1024)
+    assert secs("B200", **job) < secs("H200 SXM", **job) < secs("A100 SXM 80GB", **job) < secs("T4", **job)
+    assert secs(**(job | {"precision": "fp32"})) > 3 * secs(**job)
+
+
+def test_cards_without_bf16_tensor_cores_run_bf16_at_the_fp32_rate() -> None:
+    t4 = find_gpu("T4")
+    assert t4.bf16_dense_tflops is None and t4.fp16_dense_tflops == 65
+    bf16 = step_time(make_workload(model="qwen2.5-0.5b", batch=2, seq=512), t4)
+    fp16 = step_time(make_workload(model="qwen2.5-0.5b", batch=2, seq=512, precision="fp16"), t4)
+    assert bf16.breakdown["projections"] > 3 * fp16.breakdown["projections"]
+    assert bf16.seconds > 1.5 * fp16.seconds
+    assert any("no bf16 tensor cores" in n for n in bf16.notes) and not fp16.notes
+
+
+def test_catalog_rates_are_consistent() -> None:
+    for g in load_gpus():
+        if g.bf16_dense_tflops:
+            assert g.fp16_dense_tflops == g.bf16_dense_tflops
+        if g.tf32_dense_tflops:
+            assert g.fp16_dense_tflops and g.tf32_dense_tflops <= g.fp16_dense_tflops / 2 * 1.02
+        assert g.fp16_dense_tflops and g.link_gbs and g.mem_bw_gbs
+    for name in ("V100 SXM2 16GB", "V100 PCIe 32GB", "T4"):
+        g = find_gpu(name)
+        assert g.bf16_dense_tflops is None and g.tf32_dense_tflops is None and "FP16" in g.notes
+
+
+def test_lora_has_no_base_weight_gradients_and_its_fp32_adapters_cost_bandwidth() -> None:
+    spec = resolve_model("llama-3.2-1b")
+    full = step_time(make_workload(model="llama-3.2-1b", batch=4, seq=2048), H200)
+    lora = step_time(make_workload(model="llama-3.2-1b", method="lora", batch=4, seq=2048), H200)
+    assert lora.breakdown["projections"] == pytest.approx(2 / 3 * full.breakdown["projections"], rel=0.05)
+    assert lora.breakdown["lora"] > 0.1 * lora.seconds  # casts and fp32 GEMMs of peft's adapters
+    assert lora.breakdown["optimizer"] < 0.05 * full.breakdown["optimizer"]
+    ops = training_ops(spec, make_workload(model="llama-3.2-1b", method="lora", batch=4, seq=2048))
+    skinny = [o for o in ops if o.name == "lora" and o.kind == "matmul"]
+    assert skinny and all(o.math == "fp32" and 16 in (o.m, o.n, o.k) for o in skinny)
+
+
+def test_eager_attention_costs_more_than_flash_on_long_sequences() -> None:
+    job = dict(model="qwen3-0.6b", batch=1, seq=8192)
+    eager = step_time(make_workload(**job, attn="eager"), H200)
+    flash = step_time(make_workload(**job), H200)
+    assert eager.breakdown["attention"] > 4 * flash.breakdown["attention"]
+
+
+def test_vision_jobs_have_a_step_time_and_count_images() -> None:
+    st = step_time(make_workload(model="resnet50", batch=128), H200)
+    assert st.unit == "images" and st.units_per_step == 128 and st.seconds > 0
+    assert st.breakdown["conv"] > 0
+    vit = step_time(make_workload(model="vit_b_16", batch=64, precision="mixed"), H200)
+    assert vit.breakdown["attention"] > 0 and vit.breakdown["projections"] > vit.breakdown["attention"]
+
+
+def test_decode_is_memory_bound_and_prefill_compute_bound() -> None:
+    one = step_time(make_workload(model="llama-3.1-8b", task="infer", batch=1, seq=512, new_tokens=128), H200)
+    eight = step_time(make_workload(model="llama-3.1-8b", task="infer", batch=8, seq=512, new_tokens=128), H200)
+    # eight sequences read the same weights per token: far less than 8x the time, far more tokens per second
+    assert eight.seconds < 2 * one.seconds and eight.units_per_second > 4 * one.units_per_second
+    weights = resolve_model("llama-3.1-8b").params * 2
+    per_token = one.breakdown["decode projections"] / 128
+    assert per_token >= weights / (H200.mem_bw_gbs * 1e9)  # at least the weights read once per token
+    p1 = step_time(make_workload(model="llama-3.1-8b", task="infer", batch=4, seq=4096), H200)
+    p2 = step_time(make_workload(model="llama-3.1-8b", task="infer", batch=8, seq=4096), H200)
+    assert p2.seconds == pytest.approx(2 * p1.seconds, rel=0.1) and p1.units_per_step == 4 * 4096
+
+
+def test_two_gpus_add_exposed_communication_and_pcie_exposes_more_than_nvlink() -> None:
+    one = step_time(make_workload(model="llama-3.2-1b", batch=4, seq=2048), H200)
+    ddp = step_time(make_workload(model="llama-3.2-1b", batch=4, seq=2048, gpus=2, shard="ddp"), H200)
+    assert ddp.units_per_step == 2 * one.units_per_step and ddp.seconds >= one.seconds
+    spec = resolve_model("llama-3.2-1b")
+    w = make_workload(model="llama-3.2-1b", batch=4, seq=2048, gpus=2, shard="ddp")
+    link = [o for o in comm_ops(spec, w) if o.kind == "comm"]
+    assert link[0].bytes == pytest.approx(2 * 0.5 * spec.params * 2)  # ring all-reduce of bf16 gradients
+    fsdp = make_workload(model="llama-3.2-1b", batch=4, seq=2048, gpus=2, shard="fsdp")
+    pcie = step_time(fsdp, find_gpu("L40S")).breakdown["comm (exposed)"]
+    nvlink = step_time(fsdp, find_gpu("H100 SXM")).breakdown["comm (exposed)"]
+    assert pcie > 5 * nvlink
+
+
+@pytest.mark.parametrize(
+    ("nvml", "name"),
+    [
+        ("NVIDIA H200", "H200 SXM"),
+        ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+        ("NVIDIA H100 PCIe", "H100 PCIe"),
+        ("NVIDIA A100-SXM4-80GB", "A100 SXM 80GB"),
+        ("NVIDIA A100-PCIE-40GB", "A100 PCIe 40GB"),
+        ("Tesla T4", "T4"),
+        ("Tesla V100-SXM2-32GB", "V100 SXM2 32GB"),
+        ("NVIDIA GeForce RTX 4090", "RTX 4090"),
+        ("NVIDIA RTX A6000", "RTX A6000"),
+        ("NVIDIA L40S", "L40S"),
+        ("AMD Instinct MI300X", "MI300X"),
+    ],
+)
+def test_nvml_names_map_to_catalog_cards(nvml: str, name: str) -> None:
+    card = card_for(nvml)
+    assert card is not None and card.name == name
+
+
+def test_an_unknown_device_maps_to_no_card() -> None:
+    assert card_for("Intel Arc A770") is None and card_for("") is None
+
+
+def _rows() -> list[tuple[str, float]]:
+    """The committed H200 training rows, a job re-measured later (steptime_new) replacing its older row."""
+    rows: dict[str, float] = {}
+    cal = ROOT / "docs" / "calibration"
+    files = sorted(cal.glob("h200_gpuready*.jsonl")) + sorted(cal.glob("steptime_h200_new*.jsonl"))
+    for f in files:
+        if f.name == "h200_gpuready_multi_gpu.jsonl":  # recorded with the allocator history on
+            continue
+        for line in f.read_text(encoding="utf-8").splitlines():
+            r = json.loads(line)
+            if r.get("step_seconds") and (r["args"] not in rows or f.name.startswith("steptime_h200_new")):
+                rows[r["args"]] = float(r["step_seconds"])
+    return list(rows.items())
+
+
+def test_the_fitted_model_meets_the_target_on_the_committed_h200_rows() -> None:
+    rows = _rows()
+    assert len(rows) >= 55
+    ratios = {args: step_time(workload_from_args(args), H200).seconds / m for args, m in rows}
+    within = sum(1 for q in ratios.values() if 0.75 <= q <= 1.25)
+    assert within >= 0.9 * len(rows)
+    assert all(1 / 1.5 <= q <= 1.5 for q in ratios.values())  # never off by more than x1.5
+    vision = [q for a, q in ratios.items() if a.startswith(("resnet", "vit"))]
+    two_gpu = [q for a, q in ratios.items() if "--gpus 2" in a]
+    assert len(vision) >= 9 and len(two_gpu) >= 3
+    assert all(0.75 <= q <= 1.25 for q in two_gpu)
+
+
+def test_the_committed_held_out_predictions_were_made_before_the_rows_they_predict() -> None:
+    predicted = (ROOT / "docs" / "calibration" / "steptime_heldout_predicted.txt").read_text(encoding="utf-8")
+    jobs = {line.split("\t", 1)[1] for line in predicted.splitlines() if line and not line.startswith("#")}
+    measured = set()
+    for f in sorted((ROOT / "docs" / "calibration").glob("steptime_h200_new*.jsonl")):
+        measured |= {json.loads(line)["args"] for line in f.read_text(encoding="utf-8").splitlines()}
+    assert measured == jobs and len(jobs) == 15
+
+
+def test_the_fit_file_names_its_rows_and_keeps_the_held_out_ones_out() -> None:
+    data = json.loads((ROOT / "src" / "gpuready" / "plan" / "data" / "steptime_fit.json").read_text())
+    assert set(data["params"]) == set(PARAM_NAMES) and data["command"].startswith("python benchmarks/steptime.py")
+    eff = fitted()
+    assert 0 < eff.mm_eff <= 0.803 and 0 < eff.bw_eff < 1 and eff.launch_s > 0
+    assert set(data["link_eff"]) == {"all_reduce", "all_gather", "reduce_scatter"}
+    assert all(0.3 < v < 1 for v in data["link_eff"].values())  # measured NCCL bus bandwidth / NVLink one way
+    held = set()
+    for args, _ in _rows():
+        w = workload_from_args(args)
+        if hashlib.blake2b(f"{args}|{w.gpus}".encode()).digest()[0] % 4 == 0:
+            held.add(args)
+    assert len(held) >= 10 and data["rows"] == len(data["fitted_on"])
+
+
+def test_hf_generate_is_host_bound_and_says_so() -> None:
+    rows = {}
+    for f in sorted((ROOT / "docs" / "calibration").glob("steptime_h200_new*.jsonl")):
+        for line in f.read_text(encoding="utf-8").splitlines():
+            r = json.loads(line)
+            if r.get("request_seconds"):
+                rows[r["args"]] = float(r["request_seconds"])
+    assert len(rows) == 2
+    for args, measured in rows.items():
+        st = step_time(workload_from_args(args), H200)
+        assert 1 / 1.5 < st.seconds / measured < 1.5  # the two rows host_s was fitted on
+        assert any(n.startswith("host-bound") for n in st.notes)
+        # the device's own share is small: a card twice as fast would gain little
+        assert st.breakdown["decode host (exposed)"] > 0.5 * st.seconds
