@@ -8,7 +8,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gpuready.cli.common import JsonOpt, build_workload, print_json, with_workload
+from gpuready.cli.common import (
+    JsonOpt,
+    build_workload_and_source,
+    print_json,
+    render_workload_file,
+    with_workload,
+)
 
 if TYPE_CHECKING:
     from gpuready.check import CheckResult
@@ -39,14 +45,21 @@ def check_cmd(
     from gpuready.check import check
     from gpuready.units import parse_size
 
-    workload = build_workload(model, dict(workload_flags or {}))
+    workload, source = build_workload_and_source(model, dict(workload_flags or {}))
     capacity = parse_size(gpu_memory, "--gpu-memory") if gpu_memory else None
     result = check(workload, gpu_memory_bytes=capacity, quick=quick, find_max=find_max, requirements=requirements)
     if html_out is not None:
         html_out.write_text(render_html(result), encoding="utf-8")
     if json_out:
-        print_json(result.to_json())
+        data = result.to_json()
+        if source is not None:
+            data["workload_file"] = source.to_json()
+        print_json(data)
     else:
+        if source is not None:
+            from rich.console import Console
+
+            render_workload_file(source, Console())
         render(result)
     return 0 if result.ready else 1
 

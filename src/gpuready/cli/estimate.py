@@ -6,7 +6,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gpuready.cli.common import JsonOpt, build_workload, print_json, with_workload
+from gpuready.cli.common import (
+    JsonOpt,
+    build_workload_and_source,
+    print_json,
+    render_workload_file,
+    with_workload,
+)
 from gpuready.errors import InputError
 from gpuready.units import format_bytes, parse_size
 
@@ -45,7 +51,7 @@ def estimate_cmd(
     json_out: JsonOpt = False,
     workload_flags: dict[str, Any] | None = None,
 ) -> int:
-    workload = build_workload(model, dict(workload_flags or {}))
+    workload, source = build_workload_and_source(model, dict(workload_flags or {}))
     if gpu and gpu_memory:
         raise InputError("--gpu", "give either --gpu or --gpu-memory, not both")
     capacity: int | None = None
@@ -73,10 +79,16 @@ def estimate_cmd(
         data = result.to_json()
         if gpu_name:
             data["gpu"] = gpu_name
+        if source is not None:
+            data["workload_file"] = source.to_json()
         print_json(data)
     else:
+        from rich.console import Console
+
         from gpuready.workload import describe
 
+        if source is not None:
+            render_workload_file(source, Console())
         render(result, describe(workload), gpu_name)
     return 1 if result.fits is False else 0
 
