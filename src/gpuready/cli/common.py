@@ -113,8 +113,8 @@ def render_workload_file(source: WorkloadFile, console: Any) -> None:
         console.print(f"[bold]{title}[/bold]")
         return
     table = Table(title=title, title_justify="left", title_style="bold")
-    table.add_column("key in the file", overflow="fold")
-    table.add_column("value", overflow="fold", max_width=28)
+    table.add_column("key in the file", no_wrap=True)
+    table.add_column("value", overflow="fold", max_width=24)
     table.add_column("gpuready", overflow="fold")
     for m in source.mapped:
         value = "" if m.value is None else json.dumps(m.value) if not isinstance(m.value, str) else m.value
@@ -131,7 +131,7 @@ def render_workload_file(source: WorkloadFile, console: Any) -> None:
             console.print(f"  [dim]{label} ({len(keys)}): {escape(', '.join(keys))}[/dim]")
     empty = [i.key for i in source.ignored if i.reason == EMPTY]
     if empty:
-        console.print(f"  [dim]empty ({len(empty)}): {escape(', '.join(empty))}[/dim]")
+        console.print(f"  [dim]empty, so unset ({len(empty)} keys; named in --json)[/dim]")
 
 
 def with_workload(func: F) -> F:
