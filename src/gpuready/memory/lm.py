@@ -843,7 +843,14 @@ def block_nograd(
     prog.free(o)
     normed = norm()
     Tm = T * fan
+    routed = 0
+    if spec.model_type == "llama4_text" and fan > 1:
+        # Llama4TextMoe: hidden_states.repeat(num_experts, 1), then that times the router's scores
+        rep = prog.alloc("activations", Tm * h * e)
+        routed = prog.alloc("activations", Tm * h * e)
+        prog.free(rep)
     gate = prog.alloc("activations", Tm * width * e)
+    prog.free(routed)
     act = prog.alloc("activations", Tm * width * e)
     prog.free(gate)
     if spec.gated_mlp:

@@ -127,7 +127,9 @@ def family_spec(cfg: dict[str, Any], mtype: str, name: str, source: str) -> Mode
             "tied": bool(cfg.get("tie_word_embeddings", False)),
             "intermediate": int(_get(cfg, "intermediate_size_mlp", default=common["intermediate"])),
             "experts": _req(cfg, "num_local_experts"),
-            "experts_per_token": _req(cfg, "num_experts_per_tok"),
+            # Llama4TextMoe runs every expert on every token (routed_in = hidden_states.repeat(num_experts, 1),
+            # scaled by the router's scores, zero for the experts not picked): the fan-out is all experts
+            "experts_per_token": _req(cfg, "num_local_experts"),
             "moe_intermediate": _req(cfg, "intermediate_size"),
             "shared_intermediate": _req(cfg, "intermediate_size"),
             "dense_layers": layers - n_moe,
