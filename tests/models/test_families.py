@@ -81,3 +81,17 @@ def test_large_families_estimate_in_the_arithmetic_mode(name: str, mtype: str) -
     assert spec.model_type == mtype
     assert result.peak_allocated_bytes > spec.params * 2  # bf16 weights at least
     assert result.trainable_params > 0
+
+
+def test_active_params_count_only_the_routed_experts() -> None:
+    dense = resolve_model("llama-3.1-8b")
+    assert dense.active_params == dense.params
+    # Mixtral's paper (arXiv 2401.04088, section 2.1): "each token has access to 47B parameters, but only uses
+    # 13B active parameters" (12.9B in its model card)
+    mixtral = resolve_model("mixtral-8x7b")
+    assert abs(mixtral.active_params / 12.9e9 - 1) < 0.01
+    for name in ("qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v3", "qwen1.5-moe-a2.7b"):
+        spec = resolve_model(name)
+        assert spec.active_params < spec.params / 4, name
+    scout = resolve_model("llama-4-scout")  # transformers runs all 16 experts on every token
+    assert scout.active_params == scout.params

@@ -94,6 +94,16 @@ class ModelSpec:
     block_linears: tuple[Linear, ...] = ()  # per decoder layer (MoE layer for MoE models)
 
     @property
+    def active_params(self) -> int:
+        """Parameters one token's forward multiplies by: for MoE, the experts it is routed to (experts_per_token,
+        which for Llama 4 is every expert, as transformers computes them), for step-time FLOPs."""
+        if not self.experts:
+            return self.params
+        per_expert = sum(lin.in_features * lin.out_features for lin in self.block_linears if lin.count > 1)
+        idle = (self.layers - self.dense_layers) * per_expert * (self.experts - self.experts_per_token)
+        return self.params - idle
+
+    @property
     def mla(self) -> bool:
         return self.kv_lora_rank > 0
 
