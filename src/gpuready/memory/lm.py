@@ -1215,11 +1215,10 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
         x = embeds
         cache: list[int] = []
         for layer in range(spec.layers):
+            # a sliding-window layer keeps the whole prompt's K and V through the prefill: transformers'
+            # DynamicSlidingWindowLayer stores `full[:, :, -window + 1:]`, a view that holds the whole tensor until
+            # the first decode step's torch.cat makes a window-sized one (transformers cache_utils.py)
             x, kv = block_nograd(prog, ctx, x, layer, cache_kv=True, keep_input=layer == 0)
-            if window(S, layer) < S:
-                kv_win = [prog.alloc("kv_cache", B * window(S, layer) * kv_tok) for _ in kv]
-                prog.free_all(kv)
-                kv = kv_win
             cache.extend(kv)
         normed = prog.alloc("activations", B * S * h * ctx.dt.resid)
         prog.free(x)
