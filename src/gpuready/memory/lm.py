@@ -817,6 +817,8 @@ def block_nograd(
 
     if spec.model_type == "gpt2":
         return _gpt2_block_nograd(prog, ctx, x, cache_kv, keep_input)
+    if spec.model_type == "gpt_neox" and spec.parallel_residual:
+        return _neox_block_nograd(prog, ctx, x, cache_kv, keep_input)
     normed = norm()
     q = prog.alloc("activations", T * q_w * e)
     k = prog.alloc("activations", T * k_w * e)
@@ -869,6 +871,65 @@ def block_nograd(
     if not keep_input:
         prog.free(x)  # the caller's loop variable holds the layer's input until the layer returns
     return x3, kept
+
+
+def _neox_block_nograd(prog: Program, ctx: Ctx, x: int, cache_kv: bool, keep_input: bool) -> tuple[int, list[int]]:
+    """GPTNeoXLayer without autograd, as transformers runs it: LayerNorm (one output), the fused query_key_value
+    (q, k, v are views of it until the attention returns), rotary on the first rotary_dims of each head
+    (q_rot * cos + rotate_half(q_rot) * sin, then torch.cat with the pass-through part), the cache's own copies of
+    K and V, the kernel's output and its transposed copy, dense; then the parallel MLP on a second LayerNorm of the
+    same input (dense_h_to_4h, GELU, dense_4h_to_h) and mlp + attention + input."""
+    spec, dt, T = ctx.spec, ctx.dt, ctx.tokens
+    h, e, r = spec.hidden, dt.act, dt.resid
+    w = spec.heads * spec.head_dim
+    rot = spec.heads * (spec.rotary_dims or spec.head_dim)
+    alloc, free = prog.alloc, prog.free
+    ln1 = alloc("activations", T * h * r)
+    qkv = alloc("activations", T * 3 * w * e)
+
+    def rope_part() -> int:
+        a = alloc("activations", T * rot * e)
+        neg = alloc("activations", T * rot * e // 2)
+        cat = alloc("activations", T * rot * e)
+        free(neg)
+        b = alloc("activations", T * rot * e)
+        free(cat)
+        out = alloc("activations", T * rot * e)
+        free(a)
+        free(b)
+        return out
+
+    q_rot, k_rot = rope_part(), rope_part()
+    q = alloc("activations", T * w * e)  # torch.cat((q_embed, q_pass), dim=-1)
+    free(q_rot)
+    k = alloc("activations", T * w * e)
+    free(k_rot)
+    kept = [alloc("kv_cache", T * w * e), alloc("kv_cache", T * w * e)] if cache_kv else []
+    out = alloc("activations", T * w * e)
+    prog.transient("activations", T * spec.heads * 4)  # the kernel's log-sum-exp
+    out_t = alloc("activations", T * w * e)  # transpose(1, 2).contiguous()
+    free(out)
+    attn = alloc("activations", T * h * e)  # dense
+    free(out_t)
+    free(q)
+    free(k)
+    free(qkv)
+    free(ln1)
+    ln2 = alloc("activations", T * h * r)
+    fc = alloc("activations", T * spec.intermediate * e)
+    act = alloc("activations", T * spec.intermediate * e)
+    free(fc)
+    mlp = alloc("activations", T * h * e)
+    free(act)
+    free(ln2)
+    s1 = alloc("activations", T * h * r)  # mlp_output + attn_output
+    free(mlp)
+    free(attn)
+    x2 = alloc("activations", T * h * r)  # ... + hidden_states
+    free(s1)
+    if not keep_input:
+        prog.free(x)
+    return x2, kept
 
 
 def _gpt2_block_nograd(prog: Program, ctx: Ctx, x: int, cache_kv: bool, keep_input: bool) -> tuple[int, list[int]]:
