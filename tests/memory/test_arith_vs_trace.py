@@ -29,7 +29,7 @@ def test_allocated_peak_agrees_with_the_trace(name: str, fields: dict[str, objec
 FAMILIES = [
     (name, fields)
     for name, fields in jobs(Path(tempfile.mkdtemp(prefix="gpuready-tiny-families-")), quick=True, families=True)
-    if " ckpt " not in name
+    if " ckpt " not in name and " train-lora " not in name  # full training and inference: 14 traces
 ]
 
 
