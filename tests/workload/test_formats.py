@@ -322,3 +322,11 @@ def test_yaml_is_imported_only_when_a_yaml_workload_is_given(tmp_path: Path) -> 
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_an_inline_deepspeed_config_in_trainer_json_is_read_as_its_zero_stage(tmp_path: Path) -> None:
+    ds = {"zero_optimization": {"stage": 3}, "bf16": {"enabled": True}}
+    cfg = {"per_device_train_batch_size": 2, "deepspeed": ds}
+    src = read_workload_file(write(tmp_path, "args.json", json.dumps(cfg)))
+    assert "ZeRO-3" in src.problems["shard"]
+    assert not any(i.key.startswith("deepspeed") for i in src.ignored)

@@ -200,7 +200,7 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in data.items():
         key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
+        if isinstance(v, dict) and v and key != "deepspeed":  # an inline DeepSpeed config stays one value
             out.update(_flatten(v, key + "."))
         else:
             out[key] = v
