@@ -330,3 +330,9 @@ def test_an_inline_deepspeed_config_in_trainer_json_is_read_as_its_zero_stage(tm
     src = read_workload_file(write(tmp_path, "args.json", json.dumps(cfg)))
     assert "ZeRO-3" in src.problems["shard"]
     assert not any(i.key.startswith("deepspeed") for i in src.ignored)
+
+
+@pytest.mark.parametrize(("value", "targets"), [("all-linear", None), ("[q_proj, v_proj]", ["q_proj", "v_proj"])])
+def test_axolotl_lora_target_modules_list_or_all_linear(tmp_path: Path, value: str, targets: object) -> None:
+    f = write(tmp_path, "a.yaml", f"base_model: gpt2\nadapter: lora\nlora_target_modules: {value}\n")
+    assert read_workload_file(f).fields["lora_targets"] == targets

@@ -466,7 +466,12 @@ def _axolotl(r: _Reader) -> None:
         r.also("lora_target_modules", "superseded by lora_target_linear")
     elif r.has("lora_target_modules"):
         targets = r.get("lora_target_modules")
-        r.set("lora_targets", list(targets) if isinstance(targets, list) else str(targets), "lora_target_modules")
+        names = [str(t) for t in targets] if isinstance(targets, list) else [str(targets)]
+        if [n.lower() for n in names] == ["all-linear"]:  # peft's shorthand for every linear layer
+            r.set("lora_targets", None, "lora_target_modules", targets)
+            r.out.mapped[-1] = Mapped("lora_target_modules", targets, "lora_targets", "every linear layer")
+        else:
+            r.set("lora_targets", names, "lora_target_modules", targets)
     seq = _as_int(r, "sequence_len")
     if seq is not None:
         r.set("seq", seq, "sequence_len")
