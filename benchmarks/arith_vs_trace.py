@@ -4,7 +4,8 @@ The traced mode runs the real transformers/peft code on fake tensors, so where t
 misses a mechanism. Small models keep each trace under a few seconds; the grid spans four architectures,
 full fine-tuning, LoRA and inference, bf16/fp32/mixed, checkpointing, two batch x sequence shapes.
 
-    python benchmarks/arith_vs_trace.py [--quick]      # prints a Markdown report
+    python benchmarks/arith_vs_trace.py [--quick] [--families]     # prints a Markdown report
+    (--families: the families of issue 13, shrunk, instead of the four base architectures)
 """
 
 from __future__ import annotations
@@ -39,20 +40,42 @@ CONFIGS = {
     "qwen3": {**BASE, "model_type": "qwen3", "num_key_value_heads": 4, "head_dim": 64},
     "gpt2": {"model_type": "gpt2", "vocab_size": 32000, "n_embd": 512, "n_layer": 4, "n_head": 8, "n_positions": 4096},
 }
+# the families added in issue 13, shrunk (each keeps its features: gemma-3's 5:1 sliding window under the
+# sequence, the MoE routers and shared experts, gpt-oss's sinks, MLA with q_lora, GPT-NeoX's layout)
+FAMILIES = {
+    "gemma3_text": {**BASE, "model_type": "gemma3_text", "num_hidden_layers": 6, "num_attention_heads": 4,
+                    "num_key_value_heads": 1, "head_dim": 128, "sliding_window": 256, "tie_word_embeddings": True},
+    "qwen3_moe": {**BASE, "model_type": "qwen3_moe", "num_key_value_heads": 2, "head_dim": 64, "num_experts": 8,
+                  "num_experts_per_tok": 2, "moe_intermediate_size": 256},
+    "qwen2_moe": {**BASE, "model_type": "qwen2_moe", "num_key_value_heads": 8, "num_experts": 8,
+                  "num_experts_per_tok": 2, "moe_intermediate_size": 256, "shared_expert_intermediate_size": 1024},
+    "gpt_oss": {**BASE, "model_type": "gpt_oss", "intermediate_size": 512, "num_key_value_heads": 2, "head_dim": 64,
+                "num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": 128},
+    "llama4_text": {**BASE, "model_type": "llama4_text", "intermediate_size": 256, "intermediate_size_mlp": 1024,
+                    "num_key_value_heads": 2, "head_dim": 64, "num_local_experts": 4, "num_experts_per_tok": 1,
+                    "interleave_moe_layer_step": 1},
+    "deepseek_v3": {**BASE, "model_type": "deepseek_v3", "num_key_value_heads": 8, "moe_intermediate_size": 256,
+                    "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1,
+                    "kv_lora_rank": 128, "q_lora_rank": 192, "qk_rope_head_dim": 32, "qk_nope_head_dim": 64,
+                    "v_head_dim": 64, "n_group": 1, "topk_group": 1},
+    "gpt_neox": {"model_type": "gpt_neox", "vocab_size": 32000, "hidden_size": 512, "intermediate_size": 2048,
+                 "num_hidden_layers": 4, "num_attention_heads": 8, "rotary_pct": 0.25, "max_position_embeddings": 4096},
+}  # fmt: skip
 
 
-def jobs(folder: Path, quick: bool) -> list[tuple[str, dict[str, object]]]:
+def jobs(folder: Path, quick: bool, families: bool = False) -> list[tuple[str, dict[str, object]]]:
     folder.mkdir(parents=True, exist_ok=True)
     out = []
     modes = ["train-full", "train-lora", "infer"]
     precisions = ["bf16"] if quick else ["bf16", "fp32", "mixed"]
     shapes = [(2, 512)] if quick else [(2, 512), (4, 1024)]
-    for arch, mode, prec, ckpt, (b, s) in itertools.product(CONFIGS, modes, precisions, [False, True], shapes):
+    configs = FAMILIES if families else CONFIGS
+    for arch, mode, prec, ckpt, (b, s) in itertools.product(configs, modes, precisions, [False, True], shapes):
         if mode == "infer" and (ckpt or prec == "mixed"):
             continue
         path = folder / f"{arch}.json"
         if not path.exists():
-            path.write_text(json.dumps(CONFIGS[arch]), encoding="utf-8")
+            path.write_text(json.dumps(configs[arch]), encoding="utf-8")
         fields: dict[str, object] = {
             "model": str(path),
             "task": "infer" if mode == "infer" else "train",
@@ -75,6 +98,7 @@ def compare(fields: dict[str, object]) -> tuple[float, float]:
 
 def main(argv: list[str]) -> int:
     quick = "--quick" in argv
+    families = "--families" in argv
     print("# Arithmetic estimate vs traced mode (CPU)\n")
     print(f"Date: {time.strftime('%Y-%m-%d')}. Machine: {platform.platform()}, Python {platform.python_version()}.")
     print(f"Command: `python benchmarks/arith_vs_trace.py {' '.join(argv)}`. Difference = arithmetic / traced - 1.\n")
@@ -82,7 +106,7 @@ def main(argv: list[str]) -> int:
     rows = []
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        for name, fields in jobs(Path(tmp), quick):
+        for name, fields in jobs(Path(tmp), quick, families):
             da, dr = compare(fields)
             rows.append((name, da, dr))
             print(f"| {name} | {da * 100:+.1f}% | {dr * 100:+.1f}% |", flush=True)

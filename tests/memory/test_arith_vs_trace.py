@@ -24,3 +24,19 @@ def test_allocated_peak_agrees_with_the_trace(name: str, fields: dict[str, objec
     # measured on the H200 the arithmetic allocated peak is within 0.3% (median); the traced mode sits
     # 1.5-3% high on training rows (docs/accuracy_trace.md), and inference of GPT-2 differs most
     assert abs(allocated) <= 0.08, f"{name}: arithmetic differs from the trace by {allocated:+.1%}"
+
+
+FAMILIES = [
+    (name, fields)
+    for name, fields in jobs(Path(tempfile.mkdtemp(prefix="gpuready-tiny-families-")), quick=True, families=True)
+    if " ckpt " not in name and " train-lora " not in name  # full training and inference: 14 traces
+]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(("name", "fields"), FAMILIES, ids=[n for n, _ in FAMILIES])
+def test_the_new_families_allocated_peak_agrees_with_the_trace(name: str, fields: dict[str, object]) -> None:
+    allocated, _reserved = compare(fields)
+    # the shrunk family configs (benchmarks/arith_vs_trace.py --families; docs/arith_vs_trace.md) agree within
+    # the base architectures' bound
+    assert abs(allocated) <= 0.08, f"{name}: arithmetic differs from the trace by {allocated:+.1%}"

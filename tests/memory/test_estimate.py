@@ -132,11 +132,13 @@ def test_kv_cache_is_exact_for_grouped_query_heads() -> None:
     assert b.breakdown["kv_cache"] - a.breakdown["kv_cache"] == pytest.approx(16 * 1024 * 128 * 1024, rel=0.02)
 
 
-def test_sliding_window_caps_the_cache() -> None:
+def test_sliding_window_layers_hold_the_whole_prompt_through_the_prefill() -> None:
     short = est(model="mistral-7b", task="infer", batch=1, seq=4000, new_tokens=8)
     long = est(model="mistral-7b", task="infer", batch=1, seq=16000, new_tokens=8)
-    # only the layer being computed holds the whole prompt's K and V for a moment (DynamicSlidingWindowLayer)
-    assert long.breakdown["kv_cache"] < 1.25 * short.breakdown["kv_cache"]
+    # DynamicSlidingWindowLayer keeps `full[:, :, -window + 1:]`, a view holding the whole prompt's K and V until the
+    # first decode step (transformers cache_utils.py; the H200 row inf_gen_gemma-3-1b_bf16_b8_s2048_n32 matches it
+    # to the byte): at the prefill peak the cache grows with the prompt, not with the window
+    assert 3.5 < long.breakdown["kv_cache"] / short.breakdown["kv_cache"] <= 4.0
 
 
 def test_inference_counts_no_gradients_or_optimizer() -> None:

@@ -15,6 +15,7 @@ from gpuready.cli.common import (
     check_output_file,
     gpu_capacity,
     print_json,
+    render_workload_file,
     spinner,
     warn,
     with_workload,
@@ -78,8 +79,15 @@ def check_cmd(
     if html_out is not None:
         write_text_file(html_out, render_html(result), "--html")
     if json_out:
-        print_json(result.to_json())
+        data = result.to_json()
+        if job.source is not None:
+            data["workload_file"] = job.source.to_json()
+        print_json(data)
     else:
+        if job.source is not None:
+            from rich.console import Console
+
+            render_workload_file(job.source, Console())
         render(result)
     return 0 if result.ready else 1
 

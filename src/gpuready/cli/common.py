@@ -17,6 +17,7 @@ import typer
 if TYPE_CHECKING:
     from gpuready.catalog.cards import GpuMemory
     from gpuready.workload import Workload
+    from gpuready.workload.formats import WorkloadFile
     from gpuready.workload.validate import CheckedWorkload
 
 
@@ -57,44 +58,108 @@ _WORKLOAD_PARAMS: list[tuple[str, Any]] = [
             typer.Option(help="size the model as this model_type: llama, qwen2, gemma2, ... (unmodelled configs)"),
         ],
     ),
-    ("workload_file", Annotated[Path | None, typer.Option("--workload", help="workload TOML file")]),
+    (
+        "workload_file",
+        Annotated[
+            Path | None,
+            typer.Option(
+                "--workload",
+                help="workload file: gpuready TOML, axolotl / LLaMA-Factory / torchtune YAML, TRL or "
+                "TrainingArguments JSON (format detected from the content)",
+            ),
+        ],
+    ),
 ]
 _NAMES = [name for name, _ in _WORKLOAD_PARAMS]
 
 
 def build_workload(model: str | None, flags: dict[str, Any]) -> Workload:
     """Merge the workload file (explicit, else ./gpuready.toml) with flags; flags win."""
-    from gpuready.workload import load_workload_file, make_workload  # pydantic: only commands that need it
+    return build_workload_and_source(model, flags)[0]
+
+
+def build_workload_and_source(model: str | None, flags: dict[str, Any]) -> tuple[Workload, WorkloadFile | None]:
+    """The workload and, where a file was read, what it said (its format, the keys used and those ignored)."""
+    from gpuready.errors import InputError
+    from gpuready.workload import make_workload  # pydantic: only commands that need it
+    from gpuready.workload.formats import read_workload_file
 
     file_arg = flags.pop("workload_file", None)
-    from gpuready.errors import InputError
-
     fields: dict[str, Any] = {}
+    source = None
     path = Path(file_arg) if file_arg else Path(DEFAULT_WORKLOAD_FILE)
     if file_arg or path.is_file():
-        fields.update(load_workload_file(path))
+        source = read_workload_file(path)
+        fields.update(source.fields)
     from_file = set(fields)
-    typed = {k for k, v in flags.items() if v is not None}
-    fields.update({k: v for k, v in flags.items() if v is not None})
+    given = {k: v for k, v in flags.items() if v is not None}
+    fields.update(given)
     if model:
         fields["model"] = model
+        given["model"] = model
+    if source is not None:
+        for name, why in source.problems.items():
+            if name in given:  # a flag says what the file could not
+                continue
+            if name == "gpus" and fields.get("shard", "none") == "none":
+                continue
+            raise InputError("--workload", f"{source.path}: {why}")
     if "model" not in fields:
+        if source is not None and source.format != "gpuready":
+            why = f"the {source.label} file names no model; give MODEL (a preset, hub id or config)"
+            raise InputError("MODEL", why)
         raise InputError("MODEL", "no model given; name a preset (see `gpuready models`), a config.json or folder")
     try:
-        return make_workload(**fields)
+        return make_workload(**fields), source
     except InputError as exc:
         key = exc.field.removeprefix("--").replace("-", "_")
-        if key in from_file and key not in typed:  # the value came from the workload file: name it there
+        if key in from_file and key not in given:  # the value came from the workload file: name it there
             raise InputError("--workload", f"{path}: {key}: {exc.message}") from None
         raise
+
+
+def render_workload_file(source: WorkloadFile, console: Any) -> None:
+    """What a tool's config file said and what gpuready did with each key, for a person (80 columns)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from gpuready.workload.formats import EMPTY, NO_EFFECT, NOT_READ
+
+    title = f"workload file {escape(source.path)} ({source.label}, detected)"
+    if source.format == "gpuready":
+        console.print(f"[bold]{title}[/bold]")
+        return
+    table = Table(title=title, title_justify="left", title_style="bold")
+    table.add_column("key in the file", no_wrap=True)
+    table.add_column("value", overflow="fold", max_width=24)
+    table.add_column("gpuready", overflow="fold")
+    for m in source.mapped:
+        value = "" if m.value is None else json.dumps(m.value) if not isinstance(m.value, str) else m.value
+        to = m.to if isinstance(m.to, str) else json.dumps(m.to)
+        table.add_row(escape(m.key), escape(value), escape(f"{m.field} = {to}" if m.field else to))
+    console.print(table)
+    for line in source.notes:
+        console.print(f"  [dim]assumed: {escape(line)}[/dim]")
+    for item in source.warnings:
+        console.print(f"  [yellow]not modelled[/yellow]: {escape(item.key)} ({escape(item.detail)})")
+    for reason, label in ((NO_EFFECT, "ignored, no effect on memory"), (NOT_READ, "ignored, not read by gpuready")):
+        keys = [i.key for i in source.ignored if i.reason == reason]
+        if keys:
+            console.print(f"  [dim]{label} ({len(keys)}): {escape(', '.join(keys))}[/dim]")
+    empty = [i.key for i in source.ignored if i.reason == EMPTY]
+    if empty:
+        console.print(f"  [dim]empty, so unset ({len(empty)} keys; named in --json)[/dim]")
 
 
 def build_job(model: str | None, flags: dict[str, Any]) -> CheckedWorkload:
     """build_workload, then read against its model (LoRA targets, positions, unmodelled types); warnings go to
     stderr here, once, and the assumption lines travel with the result."""
+    from dataclasses import replace
+
     from gpuready.workload.validate import check_workload
 
-    job = check_workload(build_workload(model, flags))
+    workload, source = build_workload_and_source(model, flags)
+    job = replace(check_workload(workload), source=source)
     warn(job.warnings)
     return job
 

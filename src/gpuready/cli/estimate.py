@@ -7,7 +7,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gpuready.cli.common import JsonOpt, build_job, gpu_capacity, print_json, spinner, warn, with_workload
+from gpuready.cli.common import (
+    JsonOpt,
+    build_job,
+    gpu_capacity,
+    print_json,
+    render_workload_file,
+    spinner,
+    warn,
+    with_workload,
+)
 from gpuready.errors import InputError
 from gpuready.units import format_bytes
 
@@ -82,10 +91,16 @@ def estimate_cmd(
         data = result.to_json()
         if gpu_name:
             data["gpu"] = gpu_name
+        if job.source is not None:
+            data["workload_file"] = job.source.to_json()
         print_json(data)
     else:
+        from rich.console import Console
+
         from gpuready.workload import describe
 
+        if job.source is not None:
+            render_workload_file(job.source, Console())
         render(result, describe(workload), gpu_name)
     return 1 if result.fits is False else 0
 

@@ -242,6 +242,8 @@ def assumptions(spec: ModelSpec, w: Workload, meta_init: bool = False) -> list[s
             out.append("one forward pass with use_cache=True over the whole prompt; logits for every position")
         if spec.experts:
             out.append(f"mixture of experts: {spec.experts_per_token} of {spec.experts} experts per token")
+        if spec.family_gaps:  # the family's features the program leaves out (models/data/families.json)
+            out.append(f"{spec.model_type}: not modelled: " + "; ".join(spec.family_gaps))
     dt = dtypes_for(w)
     if dt.autocast:
         out.append("mixed: fp32 weights, gradients and optimizer states; bf16 autocast copies of weights")

@@ -64,7 +64,7 @@ def lora_targets(spec: ModelSpec, w: Workload) -> frozenset[str]:
 
 def attention_backend(spec: ModelSpec, w: Workload, dt: Dtypes, seq: int) -> tuple[str, bool]:
     """The kernel CUDA's SDPA dispatcher would pick for this job, and whether a mask tensor is built."""
-    if w.attn == "eager":
+    if w.attn == "eager" or spec.attn_sinks:  # gpt-oss: transformers has no SDPA path for attention sinks
         return "eager", True
     mask = bool(spec.sliding_window and seq > spec.sliding_window)
     gqa = spec.kv_heads < spec.heads and not spec.mla
@@ -146,7 +146,7 @@ def load_weights(prog: Program, ctx: Ctx, whole_first: bool = True) -> Weights:
                     lin.bias,
                     1,
                 )
-            if dense and lin.name.startswith("shared_experts"):
+            if dense and lin.name.startswith("shared_expert"):
                 continue
             numel = lin.in_features * lin.out_features * lin.count
             param(_linear_weight_bytes(ctx, lin), numel, ctx.full)
@@ -166,6 +166,8 @@ def load_weights(prog: Program, ctx: Ctx, whole_first: bool = True) -> Weights:
             param(2 * spec.head_dim * p, 2 * spec.head_dim, ctx.full)
         if spec.mla:
             param(spec.kv_lora_rank * p, spec.kv_lora_rank, ctx.full)
+        for numel in spec.layer_extra_params:  # sinks, router bias, q_a_layernorm
+            param(numel * p, numel, ctx.full)
     unit = spec.layers
     param(norm_numel * p, norm_numel, ctx.full)
     if not spec.tied:
@@ -183,6 +185,10 @@ def load_weights(prog: Program, ctx: Ctx, whole_first: bool = True) -> Weights:
 
 
 # ---------------------------------------------------------------------------------------------- one block
+# families whose norms follow Gemma-2's recorded program (the fp32 y kept for (1 + weight) * y). Gemma3RMSNorm is
+# the same code, but with it the program put Gemma-3 +3.7% (allocated) over the H200 and the traced mode, without
+# it -0.3% (docs/accuracy.md): another part of the generic layer over-counts Gemma-3 by about as much (not found)
+GEMMA_NORMS = ("gemma2",)
 NOTHING_KEPT = 0  # a backward node that keeps no tensor of its own (Program handle 0 is "nothing")
 
 
@@ -260,13 +266,13 @@ def _recorded_layer_order(ctx: Ctx, layer: int) -> bool:
         and (ctx.dt.act == 2 or (ctx.dt.act == 4 and ctx.full))
         and not ctx.dt.autocast
         and spec.norm == "rms"
-        and (spec.norms_per_layer == 2 or (spec.model_type == "gemma2" and spec.norms_per_layer == 4))
+        and (spec.norms_per_layer == 2 or (spec.model_type in GEMMA_NORMS and spec.norms_per_layer == 4))
         and spec.gated_mlp
         and not spec.mla
         and not spec.shared_intermediate
         and not (spec.experts and layer >= spec.dense_layers)
         and spec.model_type != "gpt2"
-        and not (spec.model_type == "gemma2" and ctx.dt.act == 4)
+        and not (spec.model_type in GEMMA_NORMS and ctx.dt.act == 4)
         and (ctx.backend in ("flash", "efficient") or (ctx.backend == "math" and ctx.dt.act == 4))
         and not expanded
         and attn
@@ -400,7 +406,7 @@ def _plain_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> lis
         return out
 
     q_w, kv_w = a * d, kv * d
-    gemma = spec.model_type == "gemma2"
+    gemma = spec.model_type in GEMMA_NORMS
     normed = gemma_norm(0, True) if gemma else norm()
     if "qkv_proj" in lins:
         q_out = k_out = 0  # q, k and v are views of the fused output
@@ -580,7 +586,7 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
             drop(tmp(T * h * 4))  # x ** 2
             y32 = tmp(T * h * 4)
             if full:
-                save(T * h * (4 if spec.model_type == "gemma2" else r))
+                save(T * h * (4 if spec.model_type in GEMMA_NORMS else r))
             else:
                 yb = tmp(T * h * r)
             out = tmp(T * h * r) if not (full and not dt.autocast) else 0
@@ -631,9 +637,13 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
     normed = norm()
     q_width = a * (spec.qk_nope_dim + spec.qk_rope_dim) if spec.mla else a * d
     kv_width = kv * d if not spec.mla else 0
-    for name in ("q_proj", "k_proj", "v_proj", "qkv_proj", "c_attn", "kv_a_proj_with_mqa"):
+    inputs = ("q_proj", "k_proj", "v_proj", "qkv_proj", "c_attn", "kv_a_proj_with_mqa", "query_key_value", "q_a_proj")
+    for name in inputs:
         if name in lins:
             linear_in(lins[name], h, True)
+    if "q_b_proj" in lins:  # deepseek-v3: q_a_proj -> q_a_layernorm -> q_b_proj
+        save(T * spec.q_lora_rank * 4, T * spec.q_lora_rank * e)
+        linear_in(lins["q_b_proj"], spec.q_lora_rank, False)
     if spec.mla:
         # kv_a output (compressed latent) -> RMSNorm -> kv_b_proj -> per-head K_nope and V
         latent = spec.kv_lora_rank + spec.qk_rope_dim
@@ -664,7 +674,7 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
         save(T * kq * e, T * kq * e)
         # v; a fused qkv_proj (phi-3) hands attention a view of its output, which keeps all of it alive (the
         # recorded H200 history of phi-3-mini LoRA: 36 MiB per layer at 2048 tokens, not 12)
-        fused_v = "qkv_proj" in lins and vq == v_width
+        fused_v = ("qkv_proj" in lins or "query_key_value" in lins) and vq == v_width
         save(T * (q_width + k_width + v_width if fused_v else vq) * e, T * vq * e)
         save(T * out_width * e)  # output, also o_proj's input
         save(T * a * 4)  # log-sum-exp, fp32
@@ -695,7 +705,7 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
             save(scores * e, scores * e)
             save(T * vq * e)
         save(T * out_width * e)  # transpose(1, 2).contiguous() for o_proj
-    o = lins.get("o_proj") or lins.get("c_proj")
+    o = lins.get("o_proj") or lins.get("c_proj") or lins.get("dense")
     if o is not None:
         linear_in(o, out_width, True)
     o_out = tmp(T * h * e)
@@ -711,7 +721,7 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
     normed = norm()
     width, fan = _mlp_width(spec, layer)
     Tm = T * fan
-    gate_up = [n for n in ("gate_proj", "up_proj", "gate_up_proj", "c_fc") if n in lins]
+    gate_up = [n for n in ("gate_proj", "up_proj", "gate_up_proj", "c_fc", "dense_h_to_4h") if n in lins]
     for name in gate_up:
         lin = lins[name]
         if lin.count > 1:
@@ -724,6 +734,8 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
         save(Tm * width * e, Tm * width * e)  # up output, kept by the product
         # activation output, kept by the product, whose backward makes both operands' gradients at once
         save(Tm * width * e, Tm * width * e, (), (Tm * width * e,))
+    elif spec.model_type == "gpt_neox":  # nn.GELU (one op) keeps its input; its output is dense_4h_to_h's input
+        save(Tm * width * e, Tm * width * e)
     else:  # gpt2's gelu_new is written out in Python: x, tanh(...), 0.5*x and 1+tanh(...) are kept
         # under autocast pow runs in fp32 (autocast's fp32 op list), so tanh(...), 1+tanh(...) and the product
         # are fp32; the product is cast back to bf16 for c_proj
@@ -734,7 +746,7 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
         save(Tm * width * f)
         if dt.autocast:
             prog.transient("activations", Tm * width * 4)
-    down = lins.get("down_proj") or lins.get("mlp.c_proj")
+    down = lins.get("down_proj") or lins.get("mlp.c_proj") or lins.get("dense_4h_to_h")
     if down is not None:
         lin = Linear(down.name, down.in_features, down.out_features, down.bias, 1)
         if full:
@@ -807,6 +819,8 @@ def block_nograd(
 
     if spec.model_type == "gpt2":
         return _gpt2_block_nograd(prog, ctx, x, cache_kv, keep_input)
+    if spec.model_type == "gpt_neox" and spec.parallel_residual:
+        return _neox_block_nograd(prog, ctx, x, cache_kv, keep_input)
     normed = norm()
     q = prog.alloc("activations", T * q_w * e)
     k = prog.alloc("activations", T * k_w * e)
@@ -833,13 +847,23 @@ def block_nograd(
     prog.free(o)
     normed = norm()
     Tm = T * fan
+    routed = 0
+    if spec.model_type == "llama4_text" and fan > 1:
+        # Llama4TextMoe: hidden_states.repeat(num_experts, 1), then that times the router's scores
+        rep = prog.alloc("activations", Tm * h * e)
+        routed = prog.alloc("activations", Tm * h * e)
+        prog.free(rep)
     gate = prog.alloc("activations", Tm * width * e)
+    prog.free(routed)
     act = prog.alloc("activations", Tm * width * e)
     prog.free(gate)
-    up = prog.alloc("activations", Tm * width * e)
-    prod = prog.alloc("activations", Tm * width * e)
-    prog.free(act)
-    prog.free(up)
+    if spec.gated_mlp:
+        up = prog.alloc("activations", Tm * width * e)
+        prod = prog.alloc("activations", Tm * width * e)
+        prog.free(act)
+        prog.free(up)
+    else:  # gpt_neox: fc, GELU
+        prod = act
     down = prog.alloc("activations", T * h * e)
     prog.free(prod)
     prog.free(normed)
@@ -849,6 +873,65 @@ def block_nograd(
     if not keep_input:
         prog.free(x)  # the caller's loop variable holds the layer's input until the layer returns
     return x3, kept
+
+
+def _neox_block_nograd(prog: Program, ctx: Ctx, x: int, cache_kv: bool, keep_input: bool) -> tuple[int, list[int]]:
+    """GPTNeoXLayer without autograd, as transformers runs it: LayerNorm (one output), the fused query_key_value
+    (q, k, v are views of it until the attention returns), rotary on the first rotary_dims of each head
+    (q_rot * cos + rotate_half(q_rot) * sin, then torch.cat with the pass-through part), the cache's own copies of
+    K and V, the kernel's output and its transposed copy, dense; then the parallel MLP on a second LayerNorm of the
+    same input (dense_h_to_4h, GELU, dense_4h_to_h) and mlp + attention + input."""
+    spec, dt, T = ctx.spec, ctx.dt, ctx.tokens
+    h, e, r = spec.hidden, dt.act, dt.resid
+    w = spec.heads * spec.head_dim
+    rot = spec.heads * (spec.rotary_dims or spec.head_dim)
+    alloc, free = prog.alloc, prog.free
+    ln1 = alloc("activations", T * h * r)
+    qkv = alloc("activations", T * 3 * w * e)
+
+    def rope_part() -> int:
+        a = alloc("activations", T * rot * e)
+        neg = alloc("activations", T * rot * e // 2)
+        cat = alloc("activations", T * rot * e)
+        free(neg)
+        b = alloc("activations", T * rot * e)
+        free(cat)
+        out = alloc("activations", T * rot * e)
+        free(a)
+        free(b)
+        return out
+
+    q_rot, k_rot = rope_part(), rope_part()
+    q = alloc("activations", T * w * e)  # torch.cat((q_embed, q_pass), dim=-1)
+    free(q_rot)
+    k = alloc("activations", T * w * e)
+    free(k_rot)
+    kept = [alloc("kv_cache", T * w * e), alloc("kv_cache", T * w * e)] if cache_kv else []
+    out = alloc("activations", T * w * e)
+    prog.transient("activations", T * spec.heads * 4)  # the kernel's log-sum-exp
+    out_t = alloc("activations", T * w * e)  # transpose(1, 2).contiguous()
+    free(out)
+    attn = alloc("activations", T * h * e)  # dense
+    free(out_t)
+    free(q)
+    free(k)
+    free(qkv)
+    free(ln1)
+    ln2 = alloc("activations", T * h * r)
+    fc = alloc("activations", T * spec.intermediate * e)
+    act = alloc("activations", T * spec.intermediate * e)
+    free(fc)
+    mlp = alloc("activations", T * h * e)
+    free(act)
+    free(ln2)
+    s1 = alloc("activations", T * h * r)  # mlp_output + attn_output
+    free(mlp)
+    free(attn)
+    x2 = alloc("activations", T * h * r)  # ... + hidden_states
+    free(s1)
+    if not keep_input:
+        prog.free(x)
+    return x2, kept
 
 
 def _gpt2_block_nograd(prog: Program, ctx: Ctx, x: int, cache_kv: bool, keep_input: bool) -> tuple[int, list[int]]:
@@ -1195,11 +1278,10 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
         x = embeds
         cache: list[int] = []
         for layer in range(spec.layers):
+            # a sliding-window layer keeps the whole prompt's K and V through the prefill: transformers'
+            # DynamicSlidingWindowLayer stores `full[:, :, -window + 1:]`, a view that holds the whole tensor until
+            # the first decode step's torch.cat makes a window-sized one (transformers cache_utils.py)
             x, kv = block_nograd(prog, ctx, x, layer, cache_kv=True, keep_input=layer == 0)
-            if window(S, layer) < S:
-                kv_win = [prog.alloc("kv_cache", B * window(S, layer) * kv_tok) for _ in kv]
-                prog.free_all(kv)
-                kv = kv_win
             cache.extend(kv)
         normed = prog.alloc("activations", B * S * h * ctx.dt.resid)
         prog.free(x)

@@ -310,7 +310,8 @@ def _build_on_meta(torch: Any, transformers: Any, cfg: dict[str, Any], w: Worklo
     if model_type in ("resnet", "vit"):
         return _build_vision(torch, {**cfg, "image_size": w.image_size}, model_type)
     config = transformers.AutoConfig.for_model(model_type, **cfg)
-    attn = "eager" if w.attn == "eager" else "sdpa"
+    # gpt-oss has no SDPA path (its attention sinks): transformers runs it eager
+    attn = "eager" if (w.attn == "eager" or model_type == "gpt_oss") else "sdpa"
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
     if w.training:

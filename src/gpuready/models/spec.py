@@ -11,7 +11,25 @@ from typing import Any, Literal
 
 from gpuready.errors import InputError
 
-LM_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma2", "phi3", "deepseek_v2", "gpt2")
+LM_TYPES = (
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen3",
+    "gemma2",
+    "phi3",
+    "deepseek_v2",
+    "gpt2",
+    # families added with their presets (models/families.py): transformers' model types
+    "gemma3_text",
+    "qwen3_moe",
+    "qwen2_moe",
+    "gpt_oss",
+    "llama4_text",
+    "deepseek_v3",
+    "gpt_neox",
+)
 VISION_TYPES = ("resnet", "vit")
 
 
@@ -60,6 +78,15 @@ class ModelSpec:
     qk_rope_dim: int = 0
     qk_nope_dim: int = 0
     v_head_dim: int = 0
+    q_lora_rank: int = 0  # deepseek_v3: queries through a low-rank q_a_proj -> q_a_layernorm -> q_b_proj
+    # small per-layer parameters the linears and norms do not cover (numel each): gpt-oss's attention sinks and
+    # router bias, qwen2_moe's shared-expert gate is a Linear, deepseek_v3's q_a_layernorm
+    layer_extra_params: tuple[int, ...] = ()
+    parallel_residual: bool = False  # gpt_neox: x + attn(ln1(x)) + mlp(ln2(x))
+    rotary_dims: int = 0  # rotated part of each head (gpt_neox rotary_pct); 0: the whole head
+    attn_sinks: bool = False  # gpt-oss: a learned sink per head; transformers runs its eager attention
+    # features of this family that the memory program does not model (named in the estimate's assumptions)
+    family_gaps: tuple[str, ...] = ()
     # vision
     vision: dict[str, Any] = field(default_factory=dict)
     # derived
@@ -69,6 +96,16 @@ class ModelSpec:
     # sized as another family: the config's own model_type, and its keys that family does not model
     assumed_from: str | None = None
     unmodelled: tuple[str, ...] = ()
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token's forward multiplies by: for MoE, the experts it is routed to (experts_per_token,
+        which for Llama 4 is every expert, as transformers computes them), for step-time FLOPs."""
+        if not self.experts:
+            return self.params
+        per_expert = sum(lin.in_features * lin.out_features for lin in self.block_linears if lin.count > 1)
+        idle = (self.layers - self.dense_layers) * per_expert * (self.experts - self.experts_per_token)
+        return self.params - idle
 
     @property
     def mla(self) -> bool:
@@ -143,7 +180,7 @@ def spec_from_config(cfg: dict[str, Any], name: str, source: str = "", family: s
             raise InputError("--as-family", f"got {family!r}; allowed: {', '.join(LM_TYPES)}")
         if own in VISION_TYPES:
             raise InputError("--as-family", f"{name} is a vision model ({own}); --as-family is for language models")
-        spec = _lm_spec({**cfg, "model_type": family}, family, name, source)
+        spec = _family_or_lm({**cfg, "model_type": family}, family, name, source)
         if own == family:
             return spec
         return _replace(spec, assumed_from=own or "(none)", unmodelled=unmodelled_keys(cfg))
@@ -152,7 +189,7 @@ def spec_from_config(cfg: dict[str, Any], name: str, source: str = "", family: s
 
         return vision_spec(cfg, name, source)
     if own in LM_TYPES:
-        return _lm_spec(cfg, own, name, source)
+        return _family_or_lm(cfg, own, name, source)
     missing = [k for k in GENERIC_KEYS if cfg.get(k) is None]
     if missing:
         allowed = ", ".join(LM_TYPES + VISION_TYPES)
@@ -163,6 +200,13 @@ def spec_from_config(cfg: dict[str, Any], name: str, source: str = "", family: s
         )
     spec = _lm_spec({**cfg, "model_type": "llama"}, "llama", name, source)
     return _replace(spec, model_type=own or "llama", assumed_from=own or "(none)", unmodelled=unmodelled_keys(cfg))
+
+
+def _family_or_lm(cfg: dict[str, Any], mtype: str, name: str, source: str) -> ModelSpec:
+    """A language model's spec by its model_type: the families' own layouts (models/families.py), else _lm_spec."""
+    from gpuready.models.families import FAMILY_TYPES, family_spec
+
+    return family_spec(cfg, mtype, name, source) if mtype in FAMILY_TYPES else _lm_spec(cfg, mtype, name, source)
 
 
 def _lm_spec(cfg: dict[str, Any], mtype: str, name: str, source: str) -> ModelSpec:
@@ -251,7 +295,22 @@ def block_linears(spec: ModelSpec, bias: dict[str, bool] | None = None) -> tuple
             Linear("mlp.c_proj", spec.intermediate, h, True),
         )
     attn: tuple[Linear, ...]
-    if spec.mla:
+    if spec.mla and spec.q_lora_rank:
+        attn = (
+            Linear("q_a_proj", h, spec.q_lora_rank),
+            Linear("q_b_proj", spec.q_lora_rank, a * (spec.qk_nope_dim + spec.qk_rope_dim)),
+            Linear("kv_a_proj_with_mqa", h, spec.kv_lora_rank + spec.qk_rope_dim),
+            Linear("kv_b_proj", spec.kv_lora_rank, a * (spec.qk_nope_dim + spec.v_head_dim)),
+            Linear("o_proj", a * spec.v_head_dim, h),
+        )
+    elif spec.model_type == "gpt_neox":
+        return (
+            Linear("query_key_value", h, 3 * h, True),
+            Linear("dense", h, h, True),
+            Linear("dense_h_to_4h", h, spec.intermediate, True),
+            Linear("dense_4h_to_h", spec.intermediate, h, True),
+        )
+    elif spec.mla:
         attn = (
             Linear("q_proj", h, a * (spec.qk_nope_dim + spec.qk_rope_dim)),
             Linear("kv_a_proj_with_mqa", h, spec.kv_lora_rank + spec.qk_rope_dim),
@@ -284,11 +343,16 @@ def block_linears(spec: ModelSpec, bias: dict[str, bool] | None = None) -> tuple
         )
         if spec.shared_intermediate:
             s = spec.shared_intermediate
+            # deepseek names them shared_experts, qwen2_moe and llama4 shared_expert (peft matches either by the
+            # last part of the name)
+            prefix = "shared_expert." if spec.model_type in ("qwen2_moe", "llama4_text") else "shared_experts."
             mlp += (
-                Linear("shared_experts.gate_proj", h, s),
-                Linear("shared_experts.up_proj", h, s),
-                Linear("shared_experts.down_proj", s, h),
+                Linear(prefix + "gate_proj", h, s),
+                Linear(prefix + "up_proj", h, s),
+                Linear(prefix + "down_proj", s, h),
             )
+            if spec.model_type == "qwen2_moe":
+                mlp += (Linear("shared_expert_gate", h, 1),)
         return attn + mlp
     i = spec.intermediate
     return (*attn, Linear("gate_proj", h, i, mb), Linear("up_proj", h, i, mb), Linear("down_proj", i, h, mb))
@@ -307,6 +371,7 @@ def _with_params(spec: ModelSpec, bias: dict[str, bool] | None = None) -> ModelS
         per_layer += 2 * spec.head_dim
     if spec.mla:
         per_layer += spec.kv_lora_rank  # kv_a_layernorm
+    per_layer += sum(spec.layer_extra_params)
     total_layers = per_layer * spec.layers
     if spec.experts:
         total_layers += spec.layers * h * spec.experts  # router

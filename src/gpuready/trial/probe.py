@@ -76,6 +76,8 @@ def _build_lm(torch: Any, spec: dict[str, Any]) -> Any:
         )
     config = dict(spec["config"])
     model_type = config.pop("model_type")
+    if model_type == "gpt_oss":
+        attn = "eager"  # transformers has no SDPA path for gpt-oss's attention sinks
     cfg = AutoConfig.for_model(model_type, **config)
     with torch.device("cuda"):
         return AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attn)  # type: ignore[no-untyped-call]

@@ -8,6 +8,7 @@ a RoPE model's trained context, a model_type gpuready does not model sized as a 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpuready.errors import InputError
 from gpuready.models import ModelSpec
@@ -22,6 +23,7 @@ class CheckedWorkload:
     spec: ModelSpec
     warnings: list[str] = field(default_factory=list)  # for stderr
     assumptions: list[str] = field(default_factory=list)  # for the estimate's assumption list
+    source: Any = None  # the workload file that was read (workload.formats.WorkloadFile), if any
 
 
 def model_spec(w: Workload) -> ModelSpec:
