@@ -172,9 +172,9 @@ def test_a_bad_value_from_the_workload_file_names_the_file(capsys: pytest.Captur
     refused(capsys, "--batch", "estimate", "--workload", str(toml), "--batch", "-1")
 
 
-def _gemma3_text(tmp_path: Path, **extra: object) -> Path:
+def _unmodelled_config(tmp_path: Path, **extra: object) -> Path:
     cfg = {
-        "model_type": "gemma3_text",
+        "model_type": "gemma3n_text",  # a family gpuready does not model (Gemma 3n)
         "hidden_size": 1152,
         "num_hidden_layers": 26,
         "num_attention_heads": 4,
@@ -194,18 +194,18 @@ def _gemma3_text(tmp_path: Path, **extra: object) -> Path:
 
 
 def test_unknown_model_type_warns_and_says_what_is_assumed(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    code, out, err = run(capsys, "estimate", str(_gemma3_text(tmp_path)), "--json")
+    code, out, err = run(capsys, "estimate", str(_unmodelled_config(tmp_path)), "--json")
     assert code == 0
-    assert "warning: model_type 'gemma3_text' is not modelled" in err and "--as-family" in err
+    assert "warning: model_type 'gemma3n_text' is not modelled" in err and "--as-family" in err
     first = json.loads(out)["assumptions"][0]
     assert "generic llama-style decoder" in first and "layer_types" in first and "sliding_window" in first
 
 
 def test_as_family_sizes_as_that_family(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    config = str(_gemma3_text(tmp_path))
+    config = str(_unmodelled_config(tmp_path))
     code, out, err = run(capsys, "estimate", config, "--as-family", "gemma2", "--json")
     assert code == 0 and "warning" not in err
-    assert json.loads(out)["assumptions"][0].startswith("model_type 'gemma3_text' sized as gemma2 (--as-family)")
+    assert json.loads(out)["assumptions"][0].startswith("model_type 'gemma3n_text' sized as gemma2 (--as-family)")
     _, llama, _ = run(capsys, "estimate", config, "--json")
     # gemma2 ties the embeddings and has four norms a layer: a different count than the llama layout
     assert json.loads(out)["params"] != json.loads(llama)["params"]

@@ -289,7 +289,7 @@ def test_fsdp_in_the_file_asks_for_the_gpu_count(capsys: pytest.CaptureFixture[s
 def test_an_unmodelled_optimizer_is_refused_unless_optim_is_given(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    f = write(tmp_path, "job.yaml", "base_model: gpt2\noptimizer: lion_8bit\n")
+    f = write(tmp_path, "job.yaml", "base_model: qwen2.5-0.5b\noptimizer: lion_8bit\n")
     code, _, err = run(capsys, "estimate", "--workload", str(f))
     assert code == 2 and "lion_8bit" in err and "optimizer" in err
     code, _, err = run(capsys, "estimate", "--workload", str(f), "--optim", "adamw", "--json")

@@ -45,13 +45,14 @@ def models_cmd(wide: WideOpt = False, json_out: JsonOpt = False) -> None:
         title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
+        collapse_padding=True,  # 54 presets with hub ids up to 37 characters: whole at 80 columns
     )
     cols = ["name", "hub id", "type", "params"] + (["source"] if wide else [])
     for col in cols:
         table.add_column(col, justify="right" if col == "params" else "left", no_wrap=True)
     for r in rows:
         params = r["params"]
-        shown = f"{params / 1e9:.2f} B" if params >= 1e9 else f"{params / 1e6:.1f} M"
+        shown = f"{params / 1e9:.{1 if params >= 1e11 else 2}f} B" if params >= 1e9 else f"{params / 1e6:.1f} M"
         table.add_row(r["name"], r["hub_id"], r["type"], shown, *([r["source"]] if wide else []))
     console.print(table)
     if not wide:
