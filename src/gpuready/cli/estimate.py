@@ -11,6 +11,7 @@ from gpuready.errors import InputError
 from gpuready.units import format_bytes, parse_size
 
 if TYPE_CHECKING:
+    from gpuready.memory.mitigations import Mitigation
     from gpuready.memory.result import MemoryEstimate
 
 COLORS = {
@@ -69,15 +70,22 @@ def estimate_cmd(
         from gpuready.memory import estimate
 
         result = estimate(workload, capacity)
+    fixes: list[Mitigation] = []
+    if capacity is not None and result.fits is False and not trace:
+        from gpuready.memory.mitigations import suggest
+
+        fixes = suggest(workload, capacity)
     if json_out:
         data = result.to_json()
+        if capacity is not None:
+            data["mitigations"] = [m.to_json() for m in fixes]
         if gpu_name:
             data["gpu"] = gpu_name
         print_json(data)
     else:
         from gpuready.workload import describe
 
-        render(result, describe(workload), gpu_name)
+        render(result, describe(workload), gpu_name, fixes)
     return 1 if result.fits is False else 0
 
 
@@ -102,7 +110,9 @@ def _bar(result: MemoryEstimate, width: int = 60) -> Any:
     return text
 
 
-def render(result: MemoryEstimate, summary: str, gpu_name: str | None) -> None:
+def render(
+    result: MemoryEstimate, summary: str, gpu_name: str | None, fixes: list[Mitigation] | None = None
+) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -146,25 +156,29 @@ def render(result: MemoryEstimate, summary: str, gpu_name: str | None) -> None:
     console.print(_bar(result))
     if result.gpu_memory_bytes is not None:
         where = format_bytes(result.gpu_memory_bytes) + (f" ({gpu_name})" if gpu_name else "")
+        limit = format_bytes(result.allocator_limit_bytes or 0)
         if result.fits:
             console.print(
-                f"[bold green]fits[/] in {where} with {format_bytes(result.headroom_bytes)} headroom; "
-                f"largest batch that fits: {result.max_batch}"
+                f"[bold green]fits[/] in {where}: {format_bytes(result.reserved_on_card_bytes or 0)} reserved of the "
+                f"{limit} the allocator may take there, {format_bytes(result.headroom_bytes or 0)} headroom"
+                + (" (it frees its cache to get there)" if result.cache_releases else "")
+                + f"; largest batch that fits: {result.max_batch}"
             )
         else:
             console.print(
-                f"[bold red]does not fit[/] in {where}: {format_bytes(-(result.headroom_bytes or 0))} short; "
-                f"largest batch that fits: {result.max_batch}"
+                f"[bold red]does not fit[/] in {where}: the allocator may take {limit} there, the job reserves "
+                f"{format_bytes(result.peak_reserved_bytes)} ({format_bytes(-(result.headroom_bytes or 0))} short, "
+                f"even after freeing its cache); largest batch that fits: {result.max_batch}"
             )
-            if result.mitigations:
+            if fixes:
                 fix = Table(title="What would fit", title_justify="left")
                 fix.add_column("change")
                 fix.add_column("peak on the device", justify="right")
                 fix.add_column("fits")
                 fix.add_column("note")
-                for m in result.mitigations:
-                    ok = "[green]yes[/]" if m["fits"] else "[red]no[/]"
-                    fix.add_row(m["change"], format_bytes(m["peak_device_bytes"]), ok, m["note"])
+                for m in fixes:
+                    ok = "[green]yes[/]" if m.fits else "[red]no[/]"
+                    fix.add_row(m.change, format_bytes(m.peak_device_bytes), ok, m.note)
                 console.print(fix)
     console.print("[dim]assumptions:[/dim]")
     for line in result.assumptions:

@@ -1,10 +1,15 @@
-"""What to change when a job does not fit: each candidate is re-estimated, not guessed."""
+"""What to change when a job does not fit: each candidate is re-estimated, not guessed.
+
+Computed only by the callers that show them (`estimate`, `check`, `plan`), once, for the card of their answer;
+`estimate()` itself does not (it is called for every card of the catalog).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
+from gpuready.memory.estimate import estimate
 from gpuready.workload import Workload
 
 
@@ -16,12 +21,7 @@ class Mitigation:
     note: str
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "change": self.change,
-            "peak_device_bytes": self.peak_device_bytes,
-            "fits": self.fits,
-            "note": self.note,
-        }
+        return asdict(self)
 
 
 def _candidates(w: Workload) -> list[tuple[str, dict[str, Any], str]]:
@@ -61,9 +61,8 @@ def _candidates(w: Workload) -> list[tuple[str, dict[str, Any], str]]:
 
 
 def suggest(w: Workload, capacity_bytes: int, limit: int = 5) -> list[Mitigation]:
-    """Up to `limit` single changes (and two useful pairs), those that fit first, smallest peak first."""
-    from gpuready.memory.estimate import estimate
-
+    """Up to `limit` single changes (and two useful pairs), those that fit first, smallest peak first; `fits` by the
+    fit rule of memory/fit.py on a card of `capacity_bytes`."""
     found = []
     for change, update, note in _candidates(w):
         variant = w.model_copy(update=update)

@@ -17,6 +17,7 @@ from typing import Any
 from gpuready.catalog import Gpu, load_gpus
 from gpuready.catalog.prices import Price
 from gpuready.errors import InputError
+from gpuready.memory.fit import RULE as FIT_RULE
 from gpuready.models import ModelSpec, resolve_model
 from gpuready.workload import Workload
 
@@ -136,13 +137,13 @@ def plan(
 
     options.sort(key=rank)
     mitigations: list[dict[str, Any]] = []
-    if not any(o.fits for o in options):
+    if not any(o.fits for o in options):  # computed once, for the largest card
         from gpuready.memory.mitigations import suggest
 
         largest = max(load_gpus(), key=lambda g: g.usable_bytes)
         mitigations = [m.to_json() | {"gpu": largest.name} for m in suggest(workload, largest.usable_bytes)]
     notes = [
-        "fits: the estimator's peak on the device with its 5% reserve margin, per GPU, on the catalog's memory",
+        f"{FIT_RULE}; per GPU, on the catalog's memory",
         "step time: FLOPs (6N full, 4N LoRA, +2N checkpointing, + attention) at the measured H200 share of peak "
         f"({MEASURED_MFU['half']:.0%} bf16/fp16, {MEASURED_MFU['fp32']:.0%} fp32) of each card's datasheet rate",
         "prices: per GPU-hour on demand, from data/prices.csv (each with provider, date, source) or --prices",
