@@ -26,10 +26,33 @@ class Found:
 
 
 def largest_passing(
-    test: Callable[[int], bool], low: int, high: int, start: int | None = None, step: int | None = None
+    test: Callable[[int], bool],
+    low: int,
+    high: int,
+    start: int | None = None,
+    step: int | None = None,
+    check_below: int = 0,
 ) -> Found:
     """Largest v in [low, high] with test(v), galloping up (or down) from `start` by `step`, 2 `step`, 4 `step`,
-    ... (default: from `low`, doubling; from a given `start`, steps from 1), then bisecting."""
+    ... (default: from `low`, doubling; from a given `start`, steps from 1), then bisecting. With `check_below`,
+    the answer is moved down until the `check_below` values right below it pass too (for a test that is not
+    monotone: the answer then passes with every value down to answer - check_below)."""
+    found = _largest_passing(test, low, high, start, step)
+    if check_below <= 0 or found.value < low:
+        return found
+    tried = dict(found.tried)
+    best = found.value
+    v = best - 1
+    while v >= max(low, best - check_below):
+        if v not in tried:
+            tried[v] = test(v)
+        if not tried[v]:
+            best = v - 1
+        v -= 1
+    return Found(best, tried)
+
+
+def _largest_passing(test: Callable[[int], bool], low: int, high: int, start: int | None, step: int | None) -> Found:
     tried: dict[int, bool] = {}
 
     def passes(v: int) -> bool:

@@ -110,9 +110,7 @@ def _bar(result: MemoryEstimate, width: int = 60) -> Any:
     return text
 
 
-def render(
-    result: MemoryEstimate, summary: str, gpu_name: str | None, fixes: list[Mitigation] | None = None
-) -> None:
+def render(result: MemoryEstimate, summary: str, gpu_name: str | None, fixes: list[Mitigation] | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 

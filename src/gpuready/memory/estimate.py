@@ -12,7 +12,16 @@ from dataclasses import dataclass, replace
 
 from gpuready.errors import InputError
 from gpuready.memory.allocator import replay
-from gpuready.memory.fit import MARGIN_NOTE, MAX_BATCH_RULE, RULE, Fit, judge
+from gpuready.memory.fit import (
+    MARGIN_NOTE,
+    MAX_BATCH_RULE,
+    RULE,
+    Fit,
+    allocator_limit,
+    fit_margin_bytes,
+    fits_under_limit,
+    judge,
+)
 from gpuready.memory.program import Program
 from gpuready.memory.result import MemoryEstimate
 from gpuready.models import ModelSpec, resolve_model
@@ -192,8 +201,17 @@ def margin_kind(spec: ModelSpec, w: Workload) -> str:
     return "generate" if not w.training and w.new_tokens > 0 else "lm"
 
 
+@functools.lru_cache(maxsize=4096)
+def _fits(spec: ModelSpec, w: Workload, gpu_memory_bytes: int, meta_init: bool = False) -> bool:
+    """`_fit(...).fits` at the cost of one replay (two when the allocator has to release its cache)."""
+    prog = _program(spec, w, meta_init)
+    limit = allocator_limit(gpu_memory_bytes, device_overhead_bytes(w))
+    margin = fit_margin_bytes(margin_kind(spec, w), prog.largest_request, limit)
+    return fits_under_limit(prog.events, limit, margin, prog.peak_allocated, prog.handle_streams())
+
+
 def fits_at_batch(spec: ModelSpec, w: Workload, batch: int, gpu_memory_bytes: int, meta_init: bool = False) -> bool:
-    return _fit(spec, w.model_copy(update={"batch": batch}), gpu_memory_bytes, meta_init).fits
+    return _fits(spec, w.model_copy(update={"batch": batch}), gpu_memory_bytes, meta_init)
 
 
 def fsdp_meta_init(spec: ModelSpec, w: Workload, gpu_memory_bytes: int | None) -> bool:
@@ -208,6 +226,7 @@ def fsdp_meta_init(spec: ModelSpec, w: Workload, gpu_memory_bytes: int | None) -
 
 
 MAX_BATCH = 1 << 16  # the largest batch the searches consider (both modes)
+MAX_BATCH_CHECKED = 8  # the batches right below max_batch that are checked too (memory/fit.py MAX_BATCH_RULE)
 
 
 def largest_batch(
@@ -216,7 +235,27 @@ def largest_batch(
     """Largest micro-batch that fits a card of `capacity` bytes by the fit rule (0 if batch 1 does not);
     memory/fit.py MAX_BATCH_RULE says what is claimed about the batches below it."""
     meta = fsdp_meta_init(spec, w, capacity) if meta_init is None else meta_init
-    return largest_passing(lambda b: fits_at_batch(spec, w, b, capacity, meta), 1, limit).value
+
+    def test(batch: int) -> bool:
+        return fits_at_batch(spec, w, batch, capacity, meta)
+
+    if limit < 1 or not test(1):
+        return 0
+    if limit == 1 or not test(2):
+        return 1
+    # start where the live tensors alone would reach the limit (allocated grows about linearly with the batch;
+    # the reserve under a limit comes close to it): usually a few replays instead of doubling from 1
+    one, two = (_program(spec, w.model_copy(update={"batch": b}), meta) for b in (1, 2))
+    card_limit = allocator_limit(capacity, device_overhead_bytes(w))
+    room = card_limit - fit_margin_bytes(margin_kind(spec, w), two.largest_request, card_limit)
+    slope = two.peak_allocated - one.peak_allocated
+    guess = 1 + (room - one.peak_allocated) // slope if slope > 0 else limit
+    guess = min(limit, max(2, guess))
+    # fits need not be monotone in the batch (when the allocator releases its cache decides whether a large block
+    # finds room: qwen2.5-7b LoRA + checkpointing on 40 GiB fits at 9 and 11, not at 10), so the answer is one
+    # with the MAX_BATCH_CHECKED batches below it fitting too (every smaller batch, for answers up to that + 1)
+    step = max(1, guess // 16)
+    return largest_passing(test, 1, limit, start=guess, step=step, check_below=MAX_BATCH_CHECKED).value
 
 
 def assumptions(spec: ModelSpec, w: Workload, meta_init: bool = False) -> list[str]:

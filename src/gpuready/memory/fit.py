@@ -53,8 +53,9 @@ RULE = (
     "less the peak reserve (negative: short)"
 )
 MAX_BATCH_RULE = (
-    "max batch: the largest batch found to fit by doubling from 1 then bisecting; every batch tried below it fits, "
-    "the batch above it does not"
+    "max batch: the largest batch that fits with the 8 batches below it fitting too (so every smaller batch, for "
+    "answers up to 9), searched from where the live tensors alone would fill the limit; fits is not always "
+    "monotone in the batch near the limit"
 )
 
 
@@ -149,3 +150,17 @@ def replay_under_limit(
     if stats.oom_event is not None:
         return False, unlimited_reserved + extra_reserved, stats.releases
     return True, stats.peak_reserved_bytes, stats.releases
+
+
+def fits_under_limit(
+    events: Sequence[int], limit_bytes: int, margin_bytes: int, peak_allocated: int, streams: list[int] | None = None
+) -> bool:
+    """`replay_under_limit`'s verdict without the unlimited replay (what a batch search needs): the replay under the
+    limit less the margin, and, when that one had to release cached segments, the replay under the limit too."""
+    inner = limit_bytes - margin_bytes
+    if peak_allocated > inner:
+        return False
+    stats = replay(events, inner, streams)
+    if stats.oom_event is not None:
+        return False
+    return stats.releases == 0 or replay(events, limit_bytes, streams).oom_event is None

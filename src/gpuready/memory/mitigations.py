@@ -19,6 +19,7 @@ class Mitigation:
     peak_device_bytes: int
     fits: bool
     note: str
+    update: dict[str, Any]  # the same change as workload fields
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -70,6 +71,6 @@ def suggest(w: Workload, capacity_bytes: int, limit: int = 5) -> list[Mitigation
         # on one GPU is taken as initialised on the meta device)
         est = estimate(variant, capacity_bytes, find_max_batch=False)
         fits = bool(est.fits)
-        found.append(Mitigation(change, est.peak_device_bytes, fits, note))
+        found.append(Mitigation(change, est.peak_device_bytes, fits, note, update))
     found.sort(key=lambda m: (not m.fits, m.peak_device_bytes))
     return found[:limit]

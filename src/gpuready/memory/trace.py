@@ -708,7 +708,7 @@ def traced_largest_batch(
     """Largest batch whose trace fits the card by the fit rule of both modes, searched from the arithmetic mode's
     answer `guess` (gpuready/search.py): usually two traces (the guess and the batch above it). Returns (batch,
     how many batch sizes were traced)."""
-    from gpuready.memory.estimate import MAX_BATCH
+    from gpuready.memory.estimate import MAX_BATCH, MAX_BATCH_CHECKED
 
     fits = dict(known or {})
 
@@ -718,7 +718,7 @@ def traced_largest_batch(
             fits[batch] = _traced_fit(w, _traced(w), gpu_memory_bytes)
         return fits[batch].fits
 
-    found = largest_passing(test, 1, MAX_BATCH, start=max(guess, 1))
+    found = largest_passing(test, 1, MAX_BATCH, start=max(guess, 1), check_below=MAX_BATCH_CHECKED)
     return max(found.value, 0), len(fits)
 
 
