@@ -8,6 +8,7 @@ torch.cuda.set_per_process_memory_fraction). Each point is a fresh process:
 
     python benchmarks/max_batch.py predict JOBS > PREDICTED.tsv           # with the committed code, before the GPU
     python3 benchmarks/max_batch.py measure JOBS PREDICTED.tsv OUT [--deadline 460]   # on the GPU machine
+    python benchmarks/max_batch.py table docs/max_batch/cases.tsv          # every measured case against today's code
 
 `measure` starts each case at its committed prediction and searches with gpuready/search.py (step up by 1, 2, 4,
 ... while batches run; down likewise from a failure; then bisect), so a right prediction costs two points (P runs,
@@ -189,14 +190,60 @@ def measure(jobs: list[dict[str, Any]], predicted: Path, out: Path, deadline_s: 
     print("\n".join(lines))
 
 
+def read_cases(path: Path) -> list[dict[str, Any]]:
+    """docs/max_batch/cases.tsv: every measured case, `ran` the largest batch that ran, `failed` the smallest that
+    did not (empty when none did within the points run)."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    head = lines[0].split("\t")
+    return [dict(zip(head, line.split("\t"), strict=True)) for line in lines[1:] if line.strip()]
+
+
+def verdict(predicted: int, ran: int, failed: int | None) -> str:
+    """never above what ran (safe only up to `ran`: the truth is known to lie in [ran, failed - 1]), and at least 80%
+    of the truth, rounded up (sure when it is of failed - 1, the largest the truth can be)."""
+    if failed is not None and predicted >= failed:
+        return "over"
+    if predicted > ran:
+        return "unknown (above what ran)"
+    top = failed - 1 if failed is not None else None
+    if top is not None and predicted >= math.ceil(0.8 * top):
+        return "ok"
+    return "low" if predicted < math.ceil(0.8 * ran) else "unknown (truth not bracketed)"
+
+
+def table(cases: list[dict[str, Any]]) -> None:
+    """Predicted now (this checkout's `estimate`) against every measured case, as docs/max_batch.md shows them."""
+    from gpuready.memory import estimate
+    from gpuready.units import parse_size
+    from gpuready.workload import workload_from_args
+
+    print("| job | card | ran | failed | predicted | verdict |")
+    print("|---|---|---:|---:|---:|---|")
+    counts: dict[str, int] = {}
+    for case in cases:
+        w = workload_from_args(f"{case['job']} --batch 1")
+        predicted = estimate(w, parse_size(case["card"], "card")).max_batch or 0
+        failed = int(case["failed"]) if case["failed"] else None
+        v = verdict(predicted, int(case["ran"]), failed)
+        counts[v] = counts.get(v, 0) + 1
+        known = f" (known: {case['known_miss']})" if case.get("known_miss") else ""
+        shown_failed = case["failed"] or "none"
+        print(f"| `{case['job']}` | {case['card']} | {case['ran']} | {shown_failed} | {predicted} | {v}{known} |")
+    print()
+    print(", ".join(f"{k}: {n}" for k, n in sorted(counts.items())) + f" of {len(cases)}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=("predict", "measure"))
+    ap.add_argument("mode", choices=("predict", "measure", "table"))
     ap.add_argument("jobs", type=Path)
     ap.add_argument("predicted", type=Path, nargs="?")
     ap.add_argument("out", type=Path, nargs="?")
     ap.add_argument("--deadline", type=float, default=460.0, help="seconds after which nothing runs any more")
     opts = ap.parse_args()
+    if opts.mode == "table":
+        table(read_cases(opts.jobs))
+        return 0
     jobs = read_jobs(opts.jobs)
     if opts.mode == "predict":
         predict(jobs)

@@ -82,33 +82,42 @@ def test_streams_keep_their_own_cache_but_share_the_limit() -> None:
 
 
 def test_margins_rest_on_measurements() -> None:
-    assert fit_margin_bytes("lm", 100 * MIB, 10_000 * MIB) == 20 * MIB
+    assert fit_margin_bytes("lm", 100 * MIB, 10_000 * MIB) == 45 * MIB
     assert fit_margin_bytes("conv", 100 * MIB, 10_000 * MIB) == 100 * MIB
-    assert fit_margin_bytes("generate", 100 * MIB, 10_000 * MIB) == 700 * MIB
+    assert fit_margin_bytes("generate", 100 * MIB, 10_000 * MIB) == 400 * MIB
+    assert fit_margin_bytes("generate", 2_000 * MIB, 1_000 * MIB) == 900 * MIB
 
 
 CASES = Path(__file__).resolve().parents[2] / "docs" / "max_batch" / "cases.tsv"
 
 
-def _cases() -> list[tuple[str, str, int, str]]:
-    rows = [line.split("\t") for line in CASES.read_text(encoding="utf-8").splitlines()[1:] if line.strip()]
-    return [(name, card, int(measured), job) for name, card, measured, job, *_ in rows]
+def _cases() -> list[dict[str, str]]:
+    lines = CASES.read_text(encoding="utf-8").splitlines()
+    head = lines[0].split("\t")
+    return [dict(zip(head, line.split("\t"), strict=True)) for line in lines[1:] if line.strip()]
 
 
-@pytest.mark.parametrize(("name", "card", "measured", "job"), _cases(), ids=[c[0] for c in _cases()])
-def test_max_batch_is_never_above_the_measured_and_at_least_80_percent(
-    name: str, card: str, measured: int, job: str
-) -> None:
-    """docs/max_batch.md: the largest batch that ran on an H200 under `trial --gpu-memory CARD` (the allocator
-    capped as the fit rule's limit); the prediction must not promise more and must keep 80% of it, rounded up."""
+@pytest.mark.parametrize("case", _cases(), ids=[c["name"] for c in _cases()])
+def test_max_batch_is_never_above_what_ran_and_at_least_80_percent(case: dict[str, str]) -> None:
+    """docs/max_batch.md: on an H200 under `trial --gpu-memory CARD` (the allocator capped at the fit rule's limit)
+    batch `ran` ran and `failed` did not. The prediction must never promise more than what ran, and must keep 80% of
+    the truth, rounded up; the rows marked known_miss are below that, and say why (when one stops being a miss,
+    the table must say so)."""
     from gpuready.memory import estimate
     from gpuready.units import parse_size
     from gpuready.workload import workload_from_args
 
-    w = workload_from_args(f"{job} --batch 1")
-    predicted = estimate(w, parse_size(card, "card")).max_batch
+    w = workload_from_args(f"{case['job']} --batch 1")
+    predicted = estimate(w, parse_size(case["card"], "card")).max_batch
     assert predicted is not None
-    assert math.ceil(0.8 * measured) <= predicted <= measured, (name, predicted, measured)
+    ran = int(case["ran"])
+    assert predicted <= ran, f"promises {predicted} where {ran} is what ran"
+    truth_at_most = int(case["failed"]) - 1 if case["failed"] else None
+    within = truth_at_most is not None and predicted >= math.ceil(0.8 * truth_at_most)
+    if case["known_miss"]:
+        assert not within, "no longer a miss: clear known_miss in docs/max_batch/cases.tsv and docs/max_batch.md"
+    else:
+        assert within, f"{predicted} is below 80% of the measured {ran}..{truth_at_most}"
 
 
 def test_one_replay_with_streams_matches_the_per_stream_replays_with_no_limit() -> None:

@@ -19,7 +19,6 @@ from gpuready.memory.fit import (
     Fit,
     allocator_limit,
     fit_margin_bytes,
-    fits_under_limit,
     judge,
 )
 from gpuready.memory.program import Program
@@ -73,7 +72,7 @@ def _run(spec: ModelSpec, w: Workload, meta_init: bool = False) -> _Run:
     )
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=8)
 def _program(spec: ModelSpec, w: Workload, meta_init: bool = False) -> Program:
     """The job's allocation program (the last few kept: the replay under a card's limit reads it again)."""
     if spec.kind == "vision":
@@ -201,17 +200,10 @@ def margin_kind(spec: ModelSpec, w: Workload) -> str:
     return "generate" if not w.training and w.new_tokens > 0 else "lm"
 
 
-@functools.lru_cache(maxsize=4096)
-def _fits(spec: ModelSpec, w: Workload, gpu_memory_bytes: int, meta_init: bool = False) -> bool:
-    """`_fit(...).fits` at the cost of one replay (two when the allocator has to release its cache)."""
-    prog = _program(spec, w, meta_init)
-    limit = allocator_limit(gpu_memory_bytes, device_overhead_bytes(w))
-    margin = fit_margin_bytes(margin_kind(spec, w), prog.largest_request, limit)
-    return fits_under_limit(prog.events, limit, margin, prog.peak_allocated, prog.handle_streams())
-
-
 def fits_at_batch(spec: ModelSpec, w: Workload, batch: int, gpu_memory_bytes: int, meta_init: bool = False) -> bool:
-    return _fits(spec, w.model_copy(update={"batch": batch}), gpu_memory_bytes, meta_init)
+    # by way of the unlimited replay, cached per batch and shared by every card (`plan` asks for all of them): it
+    # decides most batches alone; only those whose reserve is over the limit and live tensors under it replay again
+    return _fit(spec, w.model_copy(update={"batch": batch}), gpu_memory_bytes, meta_init).fits
 
 
 def fsdp_meta_init(spec: ModelSpec, w: Workload, gpu_memory_bytes: int | None) -> bool:
