@@ -154,19 +154,19 @@ def render(result: MemoryEstimate, summary: str, gpu_name: str | None, fixes: li
     console.print(_bar(result))
     if result.gpu_memory_bytes is not None:
         where = format_bytes(result.gpu_memory_bytes) + (f" ({gpu_name})" if gpu_name else "")
-        limit = format_bytes(result.allocator_limit_bytes or 0)
+        allowed = f"{format_bytes(result.allocator_limit_bytes or 0)} allowed (the card less the context and margin)"
         if result.fits:
             console.print(
-                f"[bold green]fits[/] in {where}: {format_bytes(result.reserved_on_card_bytes or 0)} reserved of the "
-                f"{limit} the allocator may take there, {format_bytes(result.headroom_bytes or 0)} headroom"
-                + (" (it frees its cache to get there)" if result.cache_releases else "")
+                f"[bold green]fits[/] in {where}: reserves {format_bytes(result.reserved_on_card_bytes or 0)} of the "
+                f"{allowed}, {format_bytes(result.headroom_bytes or 0)} headroom"
+                + (" (freeing its cache on the way)" if result.cache_releases else "")
                 + f"; largest batch that fits: {result.max_batch}"
             )
         else:
             console.print(
-                f"[bold red]does not fit[/] in {where}: the allocator may take {limit} there, the job reserves "
-                f"{format_bytes(result.peak_reserved_bytes)} ({format_bytes(-(result.headroom_bytes or 0))} short, "
-                f"even after freeing its cache); largest batch that fits: {result.max_batch}"
+                f"[bold red]does not fit[/] in {where}: reserves {format_bytes(result.peak_reserved_bytes)}, "
+                f"{format_bytes(-(result.headroom_bytes or 0))} over the {allowed}, even after freeing its cache; "
+                f"largest batch that fits: {result.max_batch}"
             )
             if fixes:
                 fix = Table(title="What would fit", title_justify="left")
