@@ -146,7 +146,8 @@ class CachingAllocator:
         self.peak_reserved = 0
         self.segments = 0
         self.releases = 0
-        self._pools: dict[tuple[int, bool], _Pool] = {}  # (stream, small) -> cached free blocks
+        self._small, self._large = _Pool(), _Pool()  # stream 0's (the compute stream's) pools, the hot path
+        self._pools: dict[tuple[int, bool], _Pool] = {(0, True): self._small, (0, False): self._large}
         # segment addresses only decide ties between equal-sized cached blocks (lowest address first); the CUDA
         # driver hands small-pool segments out at rising addresses and large ones mostly at falling addresses
         # (13 recorded H200 traces: 80-95% of consecutive small segments rise, 60-95% of large ones fall), and with
@@ -166,7 +167,7 @@ class CachingAllocator:
         """Allocate `nbytes` on `stream`; returns the block as the handle for `free`."""
         size = round_size(nbytes)
         small = size <= SMALL_SIZE
-        pool = self._pool(stream, small)
+        pool = (self._small if small else self._large) if stream == 0 else self._pool(stream, small)
         block = pool.take_best_fit(size)
         if block is None:
             block = self._new_segment(size, small, stream)
@@ -192,7 +193,8 @@ class CachingAllocator:
             raise ValueError("block freed twice")
         block.allocated = False
         self.allocated -= block.size
-        pool = self._pool(block.stream, block.small)
+        stream = block.stream
+        pool = (self._small if block.small else self._large) if stream == 0 else self._pool(stream, block.small)
         prev = block.prev
         if prev is not None and not prev.allocated:
             pool.remove(prev)

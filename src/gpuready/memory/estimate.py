@@ -203,7 +203,12 @@ def margin_kind(spec: ModelSpec, w: Workload) -> str:
 def fits_at_batch(spec: ModelSpec, w: Workload, batch: int, gpu_memory_bytes: int, meta_init: bool = False) -> bool:
     # by way of the unlimited replay, cached per batch and shared by every card (`plan` asks for all of them): it
     # decides most batches alone; only those whose reserve is over the limit and live tensors under it replay again
-    return _fit(spec, w.model_copy(update={"batch": batch}), gpu_memory_bytes, meta_init).fits
+    wb = w.model_copy(update={"batch": batch})
+    prog = _program(spec, wb, meta_init)
+    limit = allocator_limit(gpu_memory_bytes, device_overhead_bytes(w))
+    if prog.peak_allocated > limit - fit_margin_bytes(margin_kind(spec, w), prog.largest_request, limit):
+        return False  # live tensors alone over the limit: no replay needed (the rule's own first test)
+    return _fit(spec, wb, gpu_memory_bytes, meta_init).fits
 
 
 def fsdp_meta_init(spec: ModelSpec, w: Workload, gpu_memory_bytes: int | None) -> bool:
