@@ -72,7 +72,7 @@ def _run(spec: ModelSpec, w: Workload, meta_init: bool = False) -> _Run:
     )
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=32)
 def _program(spec: ModelSpec, w: Workload, meta_init: bool = False) -> Program:
     """The job's allocation program (the last few kept: the replay under a card's limit reads it again)."""
     if spec.kind == "vision":
@@ -113,6 +113,12 @@ def _fit(spec: ModelSpec, w: Workload, gpu_memory_bytes: int, meta_init: bool = 
         extra_reserved=run.peak_reserved - run.replay_reserved,
         events=events,
     )
+
+
+def clear_caches() -> None:
+    """Forget every program, replay and verdict (for benchmarks that time distinct jobs)."""
+    for cached in (_program, _core, _fit, _live_peak):
+        cached.cache_clear()
 
 
 def _check_supported(spec: ModelSpec, w: Workload) -> None:
@@ -204,11 +210,18 @@ def fits_at_batch(spec: ModelSpec, w: Workload, batch: int, gpu_memory_bytes: in
     # by way of the unlimited replay, cached per batch and shared by every card (`plan` asks for all of them): it
     # decides most batches alone; only those whose reserve is over the limit and live tensors under it replay again
     wb = w.model_copy(update={"batch": batch})
-    prog = _program(spec, wb, meta_init)
+    allocated, largest = _live_peak(spec, wb, meta_init)
     limit = allocator_limit(gpu_memory_bytes, device_overhead_bytes(w))
-    if prog.peak_allocated > limit - fit_margin_bytes(margin_kind(spec, w), prog.largest_request, limit):
+    if allocated > limit - fit_margin_bytes(margin_kind(spec, w), largest, limit):
         return False  # live tensors alone over the limit: no replay needed (the rule's own first test)
     return _fit(spec, wb, gpu_memory_bytes, meta_init).fits
+
+
+@functools.lru_cache(maxsize=4096)
+def _live_peak(spec: ModelSpec, w: Workload, meta_init: bool = False) -> tuple[int, int]:
+    """(peak allocated, largest single allocation) of the program, kept after the program itself is dropped."""
+    prog = _program(spec, w, meta_init)
+    return prog.peak_allocated, prog.largest_request
 
 
 def fsdp_meta_init(spec: ModelSpec, w: Workload, gpu_memory_bytes: int | None) -> bool:
@@ -242,11 +255,11 @@ def largest_batch(
         return 1
     # start where the live tensors alone would reach the limit (allocated grows about linearly with the batch;
     # the reserve under a limit comes close to it): usually a few replays instead of doubling from 1
-    one, two = (_program(spec, w.model_copy(update={"batch": b}), meta) for b in (1, 2))
+    (one, _), (two, largest) = (_live_peak(spec, w.model_copy(update={"batch": b}), meta) for b in (1, 2))
     card_limit = allocator_limit(capacity, device_overhead_bytes(w))
-    room = card_limit - fit_margin_bytes(margin_kind(spec, w), two.largest_request, card_limit)
-    slope = two.peak_allocated - one.peak_allocated
-    guess = 1 + (room - one.peak_allocated) // slope if slope > 0 else limit
+    room = card_limit - fit_margin_bytes(margin_kind(spec, w), largest, card_limit)
+    slope = two - one
+    guess = 1 + (room - one) // slope if slope > 0 else limit
     guess = min(limit, max(2, guess))
     # fits need not be monotone in the batch (when the allocator releases its cache decides whether a large block
     # finds room: qwen2.5-7b LoRA + checkpointing on 40 GiB fits at 9 and 11, not at 10), so the answer is one
