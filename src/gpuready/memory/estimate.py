@@ -262,8 +262,9 @@ def largest_batch(
     guess = 1 + (room - one) // slope if slope > 0 else limit
     guess = min(limit, max(2, guess))
     # fits need not be monotone in the batch (when the allocator releases its cache decides whether a large block
-    # finds room: qwen2.5-7b LoRA + checkpointing on 40 GiB fits at 9 and 11, not at 10), so the answer is one
-    # with the MAX_BATCH_CHECKED batches below it fitting too (every smaller batch, for answers up to that + 1)
+    # finds room: under a 20% margin qwen2.5-7b LoRA + checkpointing on 40 GiB fitted at 9 and 11, not 10), so the
+    # answer is one with the MAX_BATCH_CHECKED batches below it fitting too (every smaller batch, for answers up to
+    # that + 1)
     step = max(1, guess // 16)
     return largest_passing(test, 1, limit, start=guess, step=step, check_below=MAX_BATCH_CHECKED).value
 
