@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Histories of the two jobs the third emulated-card set over-promised (benchmarks/max_batch_gpu_3.sh): phi-3-mini
+# Histories of the two jobs the third emulated-card set over-promised (benchmarks/jobs_max_batch_1.txt, then max_batch_gpu_3.sh): phi-3-mini
 # LoRA without checkpointing (allocated under-predicted) and llama-3.2-3b at batch 11 (a fragmentation cliff).
 # Writes the histories (tar.gz) and the trial JSON into $1.
 set -u

@@ -14,7 +14,7 @@ import sys
 import time
 
 from gpuready.memory import estimate
-from gpuready.memory.estimate import _core
+from gpuready.memory.estimate import clear_caches
 from gpuready.workload import make_workload
 
 CLI = [
@@ -51,7 +51,7 @@ def library_rate(models: list[str]) -> tuple[int, float]:
         make_workload(model=m, batch=b, seq=s, method=meth, grad_ckpt=ck)
         for m, b, s, meth, ck in itertools.product(models, (1, 2, 4), (512, 2048), ("full", "lora"), (False, True))
     ]
-    _core.cache_clear()
+    clear_caches()
     t0 = time.perf_counter()
     for w in jobs:
         estimate(w)
@@ -65,7 +65,7 @@ def catalog_rate(models: list[str]) -> tuple[int, float]:
 
     cards = load_gpus()
     jobs = [make_workload(model=m, seq=2048, method=meth) for m in models for meth in ("full", "lora")]
-    _core.cache_clear()
+    clear_caches()
     t0 = time.perf_counter()
     verdicts = 0
     for w in jobs:

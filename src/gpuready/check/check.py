@@ -67,8 +67,15 @@ def size_step(workload: Workload, capacity: int | None, where: str | None, spec:
             + ("fits" if est.fits else "does not fit")
             + f"; largest batch that fits {est.max_batch}"
         )
-        fixes = [f"{m['change']} ({format_bytes(m['peak_device_bytes'])})" for m in est.mitigations if m["fits"]]
-        return Step("size", "pass" if est.fits else "fail", line, fixes=fixes, data=est.to_json())
+        data = est.to_json()
+        fixes: list[str] = []
+        if not est.fits:  # what would fit, computed once for the card of this answer
+            from gpuready.memory.mitigations import suggest
+
+            found = suggest(workload, capacity)
+            data["mitigations"] = [m.to_json() for m in found]
+            fixes = [f"{m.change} ({format_bytes(m.peak_device_bytes)})" for m in found if m.fits]
+        return Step("size", "pass" if est.fits else "fail", line, fixes=fixes, data=data)
     # no GPU here: the plan instead — which cards of the catalog would hold it
     est = estimate(workload, spec=spec)
     cards: list[dict[str, Any]] = []

@@ -21,6 +21,7 @@ from gpuready.errors import InputError
 from gpuready.units import format_bytes
 
 if TYPE_CHECKING:
+    from gpuready.memory.mitigations import Mitigation
     from gpuready.memory.result import MemoryEstimate
 
 COLORS = {
@@ -87,8 +88,15 @@ def estimate_cmd(
         result = estimate(workload, capacity, spec=job.spec)
     if job.assumptions:
         result = replace(result, assumptions=job.assumptions + list(result.assumptions))
+    fixes: list[Mitigation] = []
+    if capacity is not None and result.fits is False and not trace:
+        from gpuready.memory.mitigations import suggest
+
+        fixes = suggest(workload, capacity)
     if json_out:
         data = result.to_json()
+        if capacity is not None:
+            data["mitigations"] = [m.to_json() for m in fixes]
         if gpu_name:
             data["gpu"] = gpu_name
         if job.source is not None:
@@ -101,7 +109,7 @@ def estimate_cmd(
 
         if job.source is not None:
             render_workload_file(job.source, Console())
-        render(result, describe(workload), gpu_name)
+        render(result, describe(workload), gpu_name, fixes)
     return 1 if result.fits is False else 0
 
 
@@ -126,7 +134,7 @@ def _bar(result: MemoryEstimate, width: int = 60) -> Any:
     return text
 
 
-def render(result: MemoryEstimate, summary: str, gpu_name: str | None) -> None:
+def render(result: MemoryEstimate, summary: str, gpu_name: str | None, fixes: list[Mitigation] | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -170,25 +178,29 @@ def render(result: MemoryEstimate, summary: str, gpu_name: str | None) -> None:
     console.print(_bar(result))
     if result.gpu_memory_bytes is not None:
         where = format_bytes(result.gpu_memory_bytes) + (f" ({gpu_name})" if gpu_name else "")
+        allowed = f"{format_bytes(result.allocator_limit_bytes or 0)} allowed (the card less the context and margin)"
         if result.fits:
             console.print(
-                f"[bold green]fits[/] in {where} with {format_bytes(result.headroom_bytes)} headroom; "
-                f"largest batch that fits: {result.max_batch}"
+                f"[bold green]fits[/] in {where}: reserves {format_bytes(result.reserved_on_card_bytes or 0)} of the "
+                f"{allowed}, {format_bytes(result.headroom_bytes or 0)} headroom"
+                + (" (freeing its cache on the way)" if result.cache_releases else "")
+                + f"; largest batch that fits: {result.max_batch}"
             )
         else:
             console.print(
-                f"[bold red]does not fit[/] in {where}: {format_bytes(-(result.headroom_bytes or 0))} short; "
+                f"[bold red]does not fit[/] in {where}: reserves {format_bytes(result.peak_reserved_bytes)}, "
+                f"{format_bytes(-(result.headroom_bytes or 0))} over the {allowed}, even after freeing its cache; "
                 f"largest batch that fits: {result.max_batch}"
             )
-            if result.mitigations:
+            if fixes:
                 fix = Table(title="What would fit", title_justify="left")
                 fix.add_column("change", no_wrap=True)  # a flag set to copy: never broken
                 fix.add_column("peak on the device", justify="right")
                 fix.add_column("fits")
                 fix.add_column("note")
-                for m in result.mitigations:
-                    ok = "[green]yes[/]" if m["fits"] else "[red]no[/]"
-                    fix.add_row(m["change"], format_bytes(m["peak_device_bytes"]), ok, m["note"])
+                for m in fixes:
+                    ok = "[green]yes[/]" if m.fits else "[red]no[/]"
+                    fix.add_row(m.change, format_bytes(m.peak_device_bytes), ok, m.note)
                 console.print(fix)
     from rich.text import Text
 

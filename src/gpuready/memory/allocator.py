@@ -15,7 +15,14 @@ threshold, `expandable_segments:False`) and ../shared/calibration/NOTES.md:
 - a freed block merges with free neighbours of the same segment and returns to its pool's cache;
 - segments go back to the device only when a new segment does not fit the device: then every cached
   segment that is wholly free (not split) is released and the request retried; if it still does not
-  fit, the allocation fails (the job's OOM).
+  fit, the allocation fails (the job's OOM). This is the order of `malloc` in CUDACachingAllocator.cpp:
+  `alloc_block`, then `release_available_cached_blocks` (a no-op by default: it returns at once while
+  `max_split_size` is unlimited), then `release_cached_blocks` and `alloc_block` again. The device's
+  limit is `set_per_process_memory_fraction`'s `allowed_memory_maximum` when one is set (what
+  `gpuready trial --gpu-memory` sets): `alloc_block` refuses a segment that would take the reserved
+  total over it;
+- each CUDA stream has its own cached blocks (a block freed on one stream serves only that stream's
+  requests; BlockPool orders by stream first), while the device limit is shared by all streams.
 
 `allocated` counts the block sizes handed out (rounded), `reserved` the segments held from the device.
 """
@@ -67,12 +74,13 @@ def segment_size(size: int) -> int:
 class Block:
     """A piece of a segment: allocated, or cached free in its pool."""
 
-    __slots__ = ("addr", "allocated", "next", "prev", "size", "small")
+    __slots__ = ("addr", "allocated", "next", "prev", "size", "small", "stream")
 
-    def __init__(self, addr: int, size: int, small: bool) -> None:
+    def __init__(self, addr: int, size: int, small: bool, stream: int = 0) -> None:
         self.addr = addr
         self.size = size
         self.small = small
+        self.stream = stream
         self.allocated = False
         self.prev: Block | None = None
         self.next: Block | None = None
@@ -138,8 +146,8 @@ class CachingAllocator:
         self.peak_reserved = 0
         self.segments = 0
         self.releases = 0
-        self._small = _Pool()
-        self._large = _Pool()
+        self._small, self._large = _Pool(), _Pool()  # stream 0's (the compute stream's) pools, the hot path
+        self._pools: dict[tuple[int, bool], _Pool] = {(0, True): self._small, (0, False): self._large}
         # segment addresses only decide ties between equal-sized cached blocks (lowest address first); the CUDA
         # driver hands small-pool segments out at rising addresses and large ones mostly at falling addresses
         # (13 recorded H200 traces: 80-95% of consecutive small segments rise, 60-95% of large ones fall), and with
@@ -149,17 +157,23 @@ class CachingAllocator:
         self._segment_heads: dict[int, Block] = {}  # segment start address -> first block
 
     # -- the two calls ---------------------------------------------------------------------------------
-    def malloc(self, nbytes: int) -> Block:
-        """Allocate `nbytes`; returns the block as the handle for `free`."""
+    def _pool(self, stream: int, small: bool) -> _Pool:
+        pool = self._pools.get((stream, small))
+        if pool is None:
+            pool = self._pools[(stream, small)] = _Pool()
+        return pool
+
+    def malloc(self, nbytes: int, stream: int = 0) -> Block:
+        """Allocate `nbytes` on `stream`; returns the block as the handle for `free`."""
         size = round_size(nbytes)
         small = size <= SMALL_SIZE
-        pool = self._small if small else self._large
+        pool = (self._small if small else self._large) if stream == 0 else self._pool(stream, small)
         block = pool.take_best_fit(size)
         if block is None:
-            block = self._new_segment(size, small)
+            block = self._new_segment(size, small, stream)
         remaining = block.size - size
         if remaining >= MIN_BLOCK_SIZE if small else remaining > SMALL_SIZE:
-            rest = Block(block.addr + size, remaining, small)
+            rest = Block(block.addr + size, remaining, small, stream)
             rest.prev = block
             rest.next = block.next
             if block.next is not None:
@@ -179,7 +193,8 @@ class CachingAllocator:
             raise ValueError("block freed twice")
         block.allocated = False
         self.allocated -= block.size
-        pool = self._small if block.small else self._large
+        stream = block.stream
+        pool = (self._small if block.small else self._large) if stream == 0 else self._pool(stream, block.small)
         prev = block.prev
         if prev is not None and not prev.allocated:
             pool.remove(prev)
@@ -198,7 +213,7 @@ class CachingAllocator:
         pool.add(block)
 
     # -- segments --------------------------------------------------------------------------------------
-    def _new_segment(self, size: int, small: bool) -> Block:
+    def _new_segment(self, size: int, small: bool, stream: int = 0) -> Block:
         seg = segment_size(size)
         cap = self.capacity_bytes
         if cap is not None and self.reserved + seg > cap:
@@ -206,7 +221,7 @@ class CachingAllocator:
             self.releases += 1
             if self.reserved + seg > cap:
                 raise AllocatorOutOfMemory(size, self.allocated, self.reserved, cap)
-        block = Block(self._place(seg, small), seg, small)
+        block = Block(self._place(seg, small), seg, small, stream)
         self._segment_heads[block.addr] = block
         self.segments += 1
         self.reserved += seg
@@ -227,7 +242,7 @@ class CachingAllocator:
     def release_cached(self) -> int:
         """Give every wholly free cached segment back to the device (release_cached_blocks); returns bytes."""
         released = 0
-        for pool in (self._small, self._large):
+        for pool in self._pools.values():
             for block in [b for b in pool.blocks.values() if b.prev is None and b.next is None]:
                 pool.remove(block)
                 del self._segment_heads[block.addr]
@@ -237,12 +252,17 @@ class CachingAllocator:
         return released
 
 
-def replay(events: Iterable[int], capacity_bytes: int | None = None) -> AllocatorStats:
+def replay(
+    events: Iterable[int], capacity_bytes: int | None = None, streams: list[int] | None = None
+) -> AllocatorStats:
     """Replay a trace: a positive number allocates that many bytes and gets the next id (1, 2, ...);
-    a negative number `-k` frees the allocation with id `k`. Zero-byte events are not allocations."""
+    a negative number `-k` frees the allocation with id `k`. Zero-byte events are not allocations.
+    `streams[k]`: the CUDA stream of allocation `k` (all on stream 0 when None); `capacity_bytes`: the
+    device's limit for the allocator's reserve (None: unlimited)."""
     alloc = CachingAllocator(capacity_bytes)
     handles: list[Block | None] = [None]
-    malloc, free = alloc.malloc, alloc.free
+    free = alloc.free
+    malloc = alloc.malloc if streams is None else (lambda n: alloc.malloc(n, streams[len(handles)]))
     peak_a = peak_r = 0
     peak_a_event = peak_r_event = -1
     oom: int | None = None

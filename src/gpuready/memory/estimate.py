@@ -8,14 +8,23 @@ gives peak allocated, its phase and breakdown; a replay through the caching-allo
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, replace
 
 from gpuready.errors import InputError
 from gpuready.memory.allocator import replay
+from gpuready.memory.fit import (
+    MARGIN_NOTE,
+    MAX_BATCH_RULE,
+    RULE,
+    Fit,
+    allocator_limit,
+    fit_margin_bytes,
+    judge,
+)
 from gpuready.memory.program import Program
 from gpuready.memory.result import MemoryEstimate
 from gpuready.models import ModelSpec, resolve_model
+from gpuready.search import largest_passing
 from gpuready.workload import Workload
 
 # CUDA context + cuBLAS/cuDNN workspaces outside the caching allocator: NVML used - max_memory_reserved at the end
@@ -29,20 +38,13 @@ DEVICE_OVERHEAD_INFER_BYTES = 741_146_624
 # two GPUs only; NCCL's buffers grow with the number of peers, so larger jobs may need more.
 DEVICE_OVERHEAD_DISTRIBUTED_BYTES = 1_691_222_016
 
-# `fits` and `max_batch` keep this share of the predicted reserve free, or room for the job's largest single
-# allocation when that is more. Why: the reserve is predicted within a few percent (docs/accuracy.md), and the
-# caching allocator fails at a fragmentation cliff when one large request finds no cached block although the total
-# would fit. Both misses measured so far were exactly that, the fp32 logits: llama-3.2-1b, seq 2048, batch 11 on an
-# emulated 80 GiB card (a 10.76 GiB block) and llama-3.2-3b, seq 1024, batch 11 at 80 GiB (5.38 GiB; the recorded
-# history shows a sixth logits segment the program did not need; docs/max_batch.md). Lightning's batch-size finder
-# keeps a 5% margin for the same reason (lightning/pytorch/tuner/batch_size_scaling.py).
-FIT_MARGIN = 0.05
-
 
 @dataclass(frozen=True)
 class _Run:
     peak_allocated: int
-    peak_reserved: int
+    peak_reserved: int  # the replay's, or live tensors plus the cached segment outside it when that is more
+    replay_reserved: int  # the replay's alone
+    phase: str
     phase_peaks: dict[str, int]
     breakdown: dict[str, int]  # at the peak phase
     largest_request: int
@@ -54,15 +56,25 @@ def _run(spec: ModelSpec, w: Workload, meta_init: bool = False) -> _Run:
         # the caching allocator keeps blocks per CUDA stream: FSDP2's all-gather and reduce-scatter buffers live on
         # their own streams, so their cache cannot serve the compute stream (and the reverse); replay each apart.
         # Nothing is released on an unlimited device, so the sum of the final reserves is the peak.
-        reserved = sum(replay(events).peak_reserved_bytes for events in prog.split_streams())
+        replayed = sum(replay(events).peak_reserved_bytes for events in prog.split_streams())
     else:
-        reserved = replay(prog.events).peak_reserved_bytes
-    reserved = max(reserved, prog.peak_allocated + prog.cached_outside_bytes)
+        replayed = replay(prog.events).peak_reserved_bytes
+    reserved = max(replayed, prog.peak_allocated + prog.cached_outside_bytes, prog.peak_allocated)
     phase = max(prog.phase_peaks, key=lambda p: prog.phase_peaks[p])
-    return _Run(prog.peak_allocated, reserved, dict(prog.phase_peaks), prog.breakdown(phase), prog.largest_request)
+    return _Run(
+        prog.peak_allocated,
+        reserved,
+        replayed,
+        phase,
+        dict(prog.phase_peaks),
+        prog.breakdown(phase),
+        prog.largest_request,
+    )
 
 
+@functools.lru_cache(maxsize=32)
 def _program(spec: ModelSpec, w: Workload, meta_init: bool = False) -> Program:
+    """The job's allocation program (the last few kept: the replay under a card's limit reads it again)."""
     if spec.kind == "vision":
         from gpuready.memory.vision import vision_program
 
@@ -73,18 +85,40 @@ def _program(spec: ModelSpec, w: Workload, meta_init: bool = False) -> Program:
 
 
 @functools.lru_cache(maxsize=4096)
-def _core(
-    spec: ModelSpec, w: Workload, meta_init: bool = False
-) -> tuple[int, int, str, dict[str, int], dict[str, int], int]:
-    """(peak allocated, peak reserved, phase, breakdown at the peak) for one GPU.
+def _core(spec: ModelSpec, w: Workload, meta_init: bool = False) -> _Run:
+    """Peaks, phase and breakdown at the peak for one GPU.
 
     The whole program is simulated at the model's real depth: the allocator's reserve does not grow linearly
     over the first layers (cached blocks are reused differently), so extrapolating from shallow copies of the
     model under-reserves by up to 10% (llama-3.2-1b, batch 1)."""
-    run = _run(spec, w, meta_init)
-    phase = max(run.phase_peaks, key=lambda p: run.phase_peaks[p])
-    reserved = max(run.peak_reserved, run.peak_allocated)
-    return run.peak_allocated, reserved, phase, run.breakdown, run.phase_peaks, run.largest_request
+    return _run(spec, w, meta_init)
+
+
+@functools.lru_cache(maxsize=4096)
+def _fit(spec: ModelSpec, w: Workload, gpu_memory_bytes: int, meta_init: bool = False) -> Fit:
+    """The job on a card of `gpu_memory_bytes`, by the one fit rule (memory/fit.py)."""
+    run = _core(spec, w, meta_init)
+
+    def events() -> tuple[list[int], list[int] | None]:
+        prog = _program(spec, w, meta_init)
+        return prog.events, prog.handle_streams()
+
+    return judge(
+        gpu_memory_bytes,
+        device_overhead_bytes(w),
+        margin_kind(spec, w),
+        largest_request=run.largest_request,
+        unlimited_reserved=run.replay_reserved,
+        peak_allocated=run.peak_allocated,
+        extra_reserved=run.peak_reserved - run.replay_reserved,
+        events=events,
+    )
+
+
+def clear_caches() -> None:
+    """Forget every program, replay and verdict (for benchmarks that time distinct jobs)."""
+    for cached in (_program, _core, _fit, _live_peak):
+        cached.cache_clear()
 
 
 def _check_supported(spec: ModelSpec, w: Workload) -> None:
@@ -122,54 +156,72 @@ def estimate(
     find_max_batch: bool = True,
 ) -> MemoryEstimate:
     """Peak memory per GPU of `workload`; with `gpu_memory_bytes`, whether it fits and the largest batch."""
-    spec = spec or resolve_model(workload.model)
+    spec = spec or resolve_model(workload.model, workload.as_family)
     _check_supported(spec, workload)
     meta_init = fsdp_meta_init(spec, workload, gpu_memory_bytes)
-    allocated, reserved, phase, breakdown, phases, largest = _core(spec, workload, meta_init)
+    run = _core(spec, workload, meta_init)
     overhead = device_overhead_bytes(workload)
-    breakdown = dict(sorted(breakdown.items(), key=lambda kv: -kv[1]))
+    breakdown = dict(sorted(run.breakdown.items(), key=lambda kv: -kv[1]))
     result = MemoryEstimate(
         model=spec.name,
         params=spec.params,
         trainable_params=trainable_params(spec, workload),
-        peak_allocated_bytes=allocated,
-        peak_reserved_bytes=reserved,
-        peak_device_bytes=reserved + overhead,
-        phase=phase,
+        peak_allocated_bytes=run.peak_allocated,
+        peak_reserved_bytes=run.peak_reserved,
+        peak_device_bytes=run.peak_reserved + overhead,
+        phase=run.phase,
         breakdown=breakdown,
         assumptions=assumptions(spec, workload, meta_init),
-        phases=dict(phases),
-        largest_request_bytes=largest,
+        phases=dict(run.phase_peaks),
+        largest_request_bytes=run.largest_request,
     )
     if gpu_memory_bytes is None:
         return result
-    device = reserved + overhead
-    fits = needed_bytes(reserved, workload, largest) <= gpu_memory_bytes
+    fit = _fit(spec, workload, gpu_memory_bytes, meta_init)
     max_batch = largest_batch(spec, workload, gpu_memory_bytes, meta_init=meta_init) if find_max_batch else None
-    mitigations = []
-    if not fits and find_max_batch:
-        from gpuready.memory.mitigations import suggest
+    return with_fit(result, fit, max_batch, margin_kind(spec, workload))
 
-        mitigations = [m.to_json() for m in suggest(workload, gpu_memory_bytes)]
+
+def with_fit(result: MemoryEstimate, fit: Fit, max_batch: int | None, kind: str) -> MemoryEstimate:
+    """`result` with its verdict on one card (both modes)."""
+    rule_for_max = [MAX_BATCH_RULE] if max_batch is not None else []
     return replace(
         result,
-        gpu_memory_bytes=gpu_memory_bytes,
-        fits=fits,
-        headroom_bytes=gpu_memory_bytes - device,
+        gpu_memory_bytes=fit.gpu_memory_bytes,
+        fits=fit.fits,
+        headroom_bytes=fit.headroom_bytes,
         max_batch=max_batch,
-        mitigations=mitigations,
+        allocator_limit_bytes=fit.limit_bytes,
+        reserved_on_card_bytes=fit.reserved_bytes if fit.fits else None,
+        cache_releases=fit.releases,
+        fit_rule=RULE,
+        assumptions=[*result.assumptions, RULE, MARGIN_NOTE[kind], *rule_for_max],
     )
 
 
-def needed_bytes(reserved: int, w: Workload, largest_request: int = 0) -> int:
-    """What a card must have for the job to be called a fit: the reserve, plus 5% of it or room for the largest
-    single allocation (whichever is more), plus the context."""
-    return reserved + max(math.ceil(reserved * FIT_MARGIN), largest_request) + device_overhead_bytes(w)
+def margin_kind(spec: ModelSpec, w: Workload) -> str:
+    """Which measured margin of memory/fit.py applies to the job."""
+    if spec.kind == "vision":
+        return "conv" if spec.model_type == "resnet" else "lm"
+    return "generate" if not w.training and w.new_tokens > 0 else "lm"
 
 
-def needed_for_batch(spec: ModelSpec, w: Workload, batch: int, meta_init: bool = False) -> int:
-    core = _core(spec, w.model_copy(update={"batch": batch}), meta_init)
-    return needed_bytes(core[1], w, core[5])
+def fits_at_batch(spec: ModelSpec, w: Workload, batch: int, gpu_memory_bytes: int, meta_init: bool = False) -> bool:
+    # by way of the unlimited replay, cached per batch and shared by every card (`plan` asks for all of them): it
+    # decides most batches alone; only those whose reserve is over the limit and live tensors under it replay again
+    wb = w.model_copy(update={"batch": batch})
+    allocated, largest = _live_peak(spec, wb, meta_init)
+    limit = allocator_limit(gpu_memory_bytes, device_overhead_bytes(w))
+    if allocated > limit - fit_margin_bytes(margin_kind(spec, w), largest, limit):
+        return False  # live tensors alone over the limit: no replay needed (the rule's own first test)
+    return _fit(spec, wb, gpu_memory_bytes, meta_init).fits
+
+
+@functools.lru_cache(maxsize=4096)
+def _live_peak(spec: ModelSpec, w: Workload, meta_init: bool = False) -> tuple[int, int]:
+    """(peak allocated, largest single allocation) of the program, kept after the program itself is dropped."""
+    prog = _program(spec, w, meta_init)
+    return prog.peak_allocated, prog.largest_request
 
 
 def fsdp_meta_init(spec: ModelSpec, w: Workload, gpu_memory_bytes: int | None) -> bool:
@@ -183,25 +235,38 @@ def fsdp_meta_init(spec: ModelSpec, w: Workload, gpu_memory_bytes: int | None) -
     return spec.params * dtypes_for(w).param + device_overhead_bytes(w) > gpu_memory_bytes
 
 
+MAX_BATCH = 1 << 16  # the largest batch the searches consider (both modes)
+MAX_BATCH_CHECKED = 8  # the batches right below max_batch that are checked too (memory/fit.py MAX_BATCH_RULE)
+
+
 def largest_batch(
-    spec: ModelSpec, w: Workload, capacity: int, limit: int = 1 << 16, *, meta_init: bool | None = None
+    spec: ModelSpec, w: Workload, capacity: int, limit: int = MAX_BATCH, *, meta_init: bool | None = None
 ) -> int:
-    """Largest micro-batch that fits `capacity` by the rule `fits` uses (0 if batch 1 does not)."""
+    """Largest micro-batch that fits a card of `capacity` bytes by the fit rule (0 if batch 1 does not);
+    memory/fit.py MAX_BATCH_RULE says what is claimed about the batches below it."""
     meta = fsdp_meta_init(spec, w, capacity) if meta_init is None else meta_init
-    if needed_for_batch(spec, w, 1, meta) > capacity:
+
+    def test(batch: int) -> bool:
+        return fits_at_batch(spec, w, batch, capacity, meta)
+
+    if limit < 1 or not test(1):
         return 0
-    lo, hi = 1, 2
-    while hi <= limit and needed_for_batch(spec, w, hi, meta) <= capacity:
-        lo, hi = hi, hi * 2
-    if hi > limit:
-        return lo
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if needed_for_batch(spec, w, mid, meta) <= capacity:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    if limit == 1 or not test(2):
+        return 1
+    # start where the live tensors alone would reach the limit (allocated grows about linearly with the batch;
+    # the reserve under a limit comes close to it): usually a few replays instead of doubling from 1
+    (one, _), (two, largest) = (_live_peak(spec, w.model_copy(update={"batch": b}), meta) for b in (1, 2))
+    card_limit = allocator_limit(capacity, device_overhead_bytes(w))
+    room = card_limit - fit_margin_bytes(margin_kind(spec, w), largest, card_limit)
+    slope = two - one
+    guess = 1 + (room - one) // slope if slope > 0 else limit
+    guess = min(limit, max(2, guess))
+    # fits need not be monotone in the batch (when the allocator releases its cache decides whether a large block
+    # finds room: under a 20% margin qwen2.5-7b LoRA + checkpointing on 40 GiB fitted at 9 and 11, not 10), so the
+    # answer is one with the MAX_BATCH_CHECKED batches below it fitting too (every smaller batch, for answers up to
+    # that + 1)
+    step = max(1, guess // 16)
+    return largest_passing(test, 1, limit, start=guess, step=step, check_below=MAX_BATCH_CHECKED).value
 
 
 def assumptions(spec: ModelSpec, w: Workload, meta_init: bool = False) -> list[str]:
@@ -210,8 +275,6 @@ def assumptions(spec: ModelSpec, w: Workload, meta_init: bool = False) -> list[s
     out = [
         ("per GPU; " if w.gpus > 1 else "one GPU; ")
         + "PyTorch caching allocator with default settings (expandable_segments off)",
-        f"fits / max batch keep {FIT_MARGIN:.0%} of the predicted reserve free, or room for the largest single "
-        "allocation when that is more (allocator fragmentation)",
         f"device overhead (CUDA context + cuBLAS/cuDNN workspaces"
         f"{' + NCCL buffers' if device_overhead_bytes(w) == DEVICE_OVERHEAD_DISTRIBUTED_BYTES else ''}) "
         f"{device_overhead_bytes(w) / 2**20:.0f} MiB, as measured on an H200 with torch 2.11",

@@ -1,10 +1,15 @@
-"""What to change when a job does not fit: each candidate is re-estimated, not guessed."""
+"""What to change when a job does not fit: each candidate is re-estimated, not guessed.
+
+Computed only by the callers that show them (`estimate`, `check`, `plan`), once, for the card of their answer;
+`estimate()` itself does not (it is called for every card of the catalog).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
+from gpuready.memory.estimate import estimate
 from gpuready.workload import Workload
 
 
@@ -14,14 +19,10 @@ class Mitigation:
     peak_device_bytes: int
     fits: bool
     note: str
+    update: dict[str, Any]  # the same change as workload fields
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "change": self.change,
-            "peak_device_bytes": self.peak_device_bytes,
-            "fits": self.fits,
-            "note": self.note,
-        }
+        return asdict(self)
 
 
 def _candidates(w: Workload) -> list[tuple[str, dict[str, Any], str]]:
@@ -61,9 +62,8 @@ def _candidates(w: Workload) -> list[tuple[str, dict[str, Any], str]]:
 
 
 def suggest(w: Workload, capacity_bytes: int, limit: int = 5) -> list[Mitigation]:
-    """Up to `limit` single changes (and two useful pairs), those that fit first, smallest peak first."""
-    from gpuready.memory.estimate import estimate
-
+    """Up to `limit` single changes (and two useful pairs), those that fit first, smallest peak first; `fits` by the
+    fit rule of memory/fit.py on a card of `capacity_bytes`."""
     found = []
     for change, update, note in _candidates(w):
         variant = w.model_copy(update=update)
@@ -71,6 +71,6 @@ def suggest(w: Workload, capacity_bytes: int, limit: int = 5) -> list[Mitigation
         # on one GPU is taken as initialised on the meta device)
         est = estimate(variant, capacity_bytes, find_max_batch=False)
         fits = bool(est.fits)
-        found.append(Mitigation(change, est.peak_device_bytes, fits, note))
+        found.append(Mitigation(change, est.peak_device_bytes, fits, note, update))
     found.sort(key=lambda m: (not m.fits, m.peak_device_bytes))
     return found[:limit]

@@ -89,6 +89,13 @@ class Program:
                 by_cat[cats[-ev]] -= sizes[-ev]
         return {k: v for k, v in by_cat.items() if v}
 
+    def handle_streams(self) -> list[int] | None:
+        """The CUDA stream of each handle (index = handle), or None when everything runs on stream 0."""
+        if not self.streams:
+            return None
+        get = self.streams.get
+        return [get(c, 0) for c in self.categories]
+
     def split_streams(self) -> list[list[int]]:
         """The events of each stream (index = stream), each renumbered for its own replay."""
         count = max(self.streams.values(), default=0) + 1

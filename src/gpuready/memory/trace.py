@@ -33,8 +33,10 @@ from typing import Any
 
 from gpuready.errors import GpureadyError, InputError
 from gpuready.memory.allocator import MIB, CachingAllocator, round_size
+from gpuready.memory.fit import Fit, judge
 from gpuready.memory.result import MemoryEstimate
 from gpuready.models import find_preset, resolve_model
+from gpuready.search import largest_passing
 from gpuready.workload import Workload
 
 # cuBLAS workspace per handle on Hopper (sm90): 4096 * 8 KiB = 32 MiB (default CUBLAS_WORKSPACE_CONFIG,
@@ -684,53 +686,49 @@ def _traced(workload: Workload) -> _Traced:
     return _Traced(job, rep, reserved, notes, time.perf_counter() - start, _largest_request(trace))
 
 
-MAX_TRACED_BATCH = 1 << 16  # the arithmetic mode's search limit too (memory/estimate.py largest_batch)
+def _traced_fit(workload: Workload, traced: _Traced, gpu_memory_bytes: int) -> Fit:
+    """The traced job on a card, by the fit rule of both modes (memory/fit.py)."""
+    from gpuready.memory.estimate import device_overhead_bytes, margin_kind
+
+    events = traced.job.trace.events
+    return judge(
+        gpu_memory_bytes,
+        device_overhead_bytes(workload),
+        margin_kind(resolve_model(workload.model), workload),
+        largest_request=traced.largest_request,
+        unlimited_reserved=traced.rep.peak_reserved,
+        peak_allocated=traced.rep.peak_allocated,
+        extra_reserved=traced.reserved - traced.rep.peak_reserved,
+        events=lambda: (events, None),
+    )
 
 
 def traced_largest_batch(
-    workload: Workload, gpu_memory_bytes: int, guess: int, known: dict[int, tuple[int, int]] | None = None
+    workload: Workload, gpu_memory_bytes: int, guess: int, known: dict[int, Fit] | None = None
 ) -> tuple[int, int]:
-    """Largest batch whose traced reserve fits the card by the rule the arithmetic mode uses (reserve + 5% +
-    context, memory/estimate.py needed_bytes), starting from the arithmetic mode's answer `guess`: usually two
-    traces (the guess and the batch above it). Returns (batch, how many batch sizes were traced)."""
-    from gpuready.memory.estimate import needed_bytes
+    """Largest batch whose trace fits the card by the fit rule of both modes, searched from the arithmetic mode's
+    answer `guess` (gpuready/search.py): usually two traces (the guess and the batch above it). Returns (batch,
+    how many batch sizes were traced)."""
+    from gpuready.memory.estimate import MAX_BATCH, MAX_BATCH_CHECKED
 
-    reserves = dict(known or {})  # batch -> (reserve, largest single allocation)
+    fits = dict(known or {})
 
-    def fits(batch: int) -> bool:
-        if batch not in reserves:
-            traced = _traced(workload.model_copy(update={"batch": batch}))
-            reserves[batch] = (traced.reserved, traced.largest_request)
-        reserve, largest = reserves[batch]
-        return needed_bytes(reserve, workload, largest) <= gpu_memory_bytes
+    def test(batch: int) -> bool:
+        if batch not in fits:
+            w = workload.model_copy(update={"batch": batch})
+            fits[batch] = _traced_fit(w, _traced(w), gpu_memory_bytes)
+        return fits[batch].fits
 
-    lo, hi = 0, None  # lo fits (0 always does), hi does not
-    batch = max(guess, 1)
-    if fits(batch):
-        lo, step = batch, 1
-        while hi is None:
-            if lo + step > MAX_TRACED_BATCH:
-                return lo, len(reserves)
-            if fits(lo + step):
-                lo, step = lo + step, step * 2
-            else:
-                hi = lo + step
-    else:
-        hi = batch
-        if batch > 1 and fits(batch - 1):
-            lo = batch - 1
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo, len(reserves)
+    found = largest_passing(test, 1, MAX_BATCH, start=max(guess, 1), check_below=MAX_BATCH_CHECKED)
+    return max(found.value, 0), len(fits)
 
 
 def trace_estimate(
     workload: Workload, gpu_memory_bytes: int | None = None, *, find_max_batch: bool = True
 ) -> MemoryEstimate:
     """Peak GPU memory of one job on one GPU: its traced allocations replayed through the allocator model.
-    With `gpu_memory_bytes`: `fits` by the arithmetic mode's rule (the reserve with its 5% margin plus the
-    context) and `max_batch` found by tracing around the arithmetic mode's answer."""
+    With `gpu_memory_bytes`: `fits` and headroom by the fit rule of both modes (memory/fit.py: the traced events
+    replayed under the card's limit) and `max_batch` found by tracing around the arithmetic mode's answer."""
     if workload.gpus > 1 or workload.shard != "none":
         raise InputError("--gpus", "the traced mode covers one GPU; use --gpus 1 --shard none")
     if workload.method == "qlora":
@@ -743,27 +741,20 @@ def trace_estimate(
             f"{workload.precision} convolution training is not traced (CPU kernels keep fp32 copies cuDNN does not); "
             "allowed here: fp32, mixed, or drop --trace",
         )
-    from gpuready.memory.estimate import FIT_MARGIN, device_overhead_bytes, largest_batch, needed_bytes
+    from gpuready.memory.estimate import device_overhead_bytes, largest_batch, margin_kind, with_fit
 
     traced = _traced(workload)
     job, rep, reserved, notes = traced.job, traced.rep, traced.reserved, traced.notes
     trace = job.trace
     overhead = device_overhead_bytes(workload)
     peak_device = reserved + overhead
-    fits = headroom = max_batch = None
+    fit = max_batch = None
     if gpu_memory_bytes is not None:
-        fits = needed_bytes(reserved, workload, traced.largest_request) <= gpu_memory_bytes
-        headroom = gpu_memory_bytes - peak_device
-        notes.append(
-            f"fits / max batch keep {FIT_MARGIN:.0%} of the traced reserve free, or room for the largest single "
-            "allocation when that is more, as the arithmetic mode does"
-        )
+        fit = _traced_fit(workload, traced, gpu_memory_bytes)
         if find_max_batch:
             spec = resolve_model(workload.model)
             guess = largest_batch(spec, workload, gpu_memory_bytes)
-            max_batch, traced_sizes = traced_largest_batch(
-                workload, gpu_memory_bytes, guess, {workload.batch: (reserved, traced.largest_request)}
-            )
+            max_batch, traced_sizes = traced_largest_batch(workload, gpu_memory_bytes, guess, {workload.batch: fit})
             notes.append(f"max batch: {traced_sizes} batch sizes traced, starting from the arithmetic answer {guess}")
     assumptions = [
         "traced: the job's real code run on fake tensors (torch FakeTensorMode), allocations replayed "
@@ -776,7 +767,7 @@ def trace_estimate(
     ]
     if workload.training:
         assumptions.insert(1, f"{TRAIN_STEPS} optimizer steps, {workload.optim} foreach, zero_grad(set_to_none)")
-    return MemoryEstimate(
+    result = MemoryEstimate(
         model=workload.model,
         params=job.params,
         trainable_params=job.trainable,
@@ -787,10 +778,9 @@ def trace_estimate(
         breakdown=_breakdown(trace, rep.peak_event, rep.peak_allocated),
         assumptions=assumptions,
         mode="trace",
-        gpu_memory_bytes=gpu_memory_bytes,
-        fits=fits,
-        headroom_bytes=headroom,
-        max_batch=max_batch,
         phases=rep.phases,
         largest_request_bytes=traced.largest_request,
     )
+    if fit is None:
+        return result
+    return with_fit(result, fit, max_batch, margin_kind(resolve_model(workload.model), workload))

@@ -18,6 +18,7 @@ from typing import Any
 from gpuready.catalog import Gpu, load_gpus
 from gpuready.catalog.prices import Price
 from gpuready.errors import InputError
+from gpuready.memory.fit import RULE as FIT_RULE
 from gpuready.models import ModelSpec, resolve_model
 from gpuready.plan.steptime import StepTime, step_time
 from gpuready.workload import Workload
@@ -286,7 +287,7 @@ def plan(
     if hours is not None:
         formula = f"cost = $/GPU-h x GPUs x {hours:g} h; ranked by {formula}"
     notes = [
-        "fits: the estimator's peak on the device with its 5% reserve margin, per GPU, on the catalog's memory",
+        f"{FIT_RULE}; per GPU, on the catalog's memory",
         "step time: the job's ops (matmuls by shape at the card's dense peak for the dtype, attention by kernel, "
         "element-wise and optimizer bytes at its memory bandwidth, collectives at its link) with efficiencies "
         "fitted on H200 measurements; other cards scaled by their datasheets (docs/steptime.md)",

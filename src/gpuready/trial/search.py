@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gpuready.search import largest_passing
 from gpuready.trial.result import LinearFit, Point
 from gpuready.trial.sweep import Backend, PointCallback
 
@@ -59,30 +60,16 @@ def fit_line(variable: str, points: list[Point]) -> LinearFit | None:
 
 
 def predicted_max(predict: PeakPredictor, capacity: float, low: int, high: int, scale: float = 1.0) -> int | None:
-    """Largest v in [low, high] with scale × predict(v) ≤ capacity (predict is a pure function: no runs)."""
-    first = predict(low)
-    if first is None:
+    """Largest v in [low, high] with scale × predict(v) ≤ capacity (predict is a pure function: no runs), by the
+    shared pure search (gpuready/search.py); None when the predictor cannot size `low`."""
+    if predict(low) is None:
         return None
-    if scale * first > capacity:
-        return low - 1
-    lo, hi = low, low
-    while hi < high:  # gallop up
-        nxt = min(high, hi * 2)
-        val = predict(nxt)
-        if val is None or scale * val > capacity:
-            hi = nxt
-            break
-        lo = hi = nxt
-    else:
-        return lo
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        val = predict(mid)
-        if val is not None and scale * val <= capacity:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+
+    def within(v: int) -> bool:
+        val = predict(v)
+        return val is not None and scale * val <= capacity
+
+    return largest_passing(within, low, high).value
 
 
 class _Runs:

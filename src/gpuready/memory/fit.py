@@ -1,0 +1,154 @@
+"""Whether a job fits a card: its allocations replayed through the allocator model under the card's limit.
+
+The one fit rule of both modes (the arithmetic program and the traced events go through the same function):
+
+- the allocator may reserve the card's memory less the device overhead (CUDA context, cuBLAS/cuDNN workspaces)
+  and less a margin where a measurement shows one is needed (below);
+- the job's allocations are replayed through memory/allocator.py with that limit: when a new segment would take
+  the reserve over it, every wholly free cached segment is released and the request retried, and only then does
+  the job fail (PyTorch's CUDACachingAllocator `malloc`); `gpuready trial --gpu-memory` sets the same limit on the
+  GPU (`torch.cuda.set_per_process_memory_fraction`), so predicted and measured fits compare case by case;
+- `fits` is whether the replay completes (under the limit, and under the limit less the margin); `headroom` is
+  the limit less the margin less the peak reserve of that replay when it fits (never negative), and the same
+  limit less the unlimited peak reserve when it does not (always negative: a job whose unlimited reserve stays
+  under a limit never meets it). So `fits` is exactly `headroom >= 0`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from gpuready.memory.allocator import replay
+
+# Kept free below the limit where a measurement showed the replay under the limit alone promising a batch that
+# failed; chosen on the 36 emulated-card cases of docs/max_batch.md (the first 14, then 22 more measured with the
+# predictions of the first version of this rule committed before), by the kind of job:
+# - "lm" (language-model training and prefill, ViT), 45% of the job's largest single allocation after loading:
+#   qwen2.5-7b LoRA, seq 2048, on an 80 GiB card ran batch 2 and failed at 3 to allocate its 3.48 GiB fp32 logits
+#   with 4.39 GiB cached in split segments that could not be released, where the replay places it after one
+#   release: a margin over 42% of that block excludes batch 3 (qwen2.5-7b LoRA + checkpointing, seq 1024, 40 GiB:
+#   ran 9, failed 10 on 5.80 GiB of logits, needs over 19%). The price, where the replay is right: 4 of the 36
+#   cases come out below 80% of the measured maximum (docs/max_batch.md);
+# - "conv" (ResNets), 100% of the largest single allocation (room for one cuDNN workspace): resnet50 fp32 on a
+#   24 GiB card ran 280, not 281 (needs over 44%); on 16 GiB 181, not 184 (over 53%); mixed on 40 GiB 920, not 934
+#   (over 48%);
+# - "generate" (inference with generated tokens), 4% of the limit, or the "lm" share when more: phi-3-mini, 512 +
+#   256 tokens, on 40 GiB ran 78, not 79 (needs over 1.6% of the limit); mistral-7b, 1024 + 128, on 80 GiB ran 224,
+#   not 227 (over 0.8%); qwen2.5-7b, 2048 + 128, on 24 GiB ran 21 (at most 8.2% keeps 80% of it).
+MARGIN_SHARE_OF_LARGEST = {"lm": 0.45, "conv": 1.0, "generate": 0.45}
+MARGIN_SHARE_OF_LIMIT = {"lm": 0.0, "conv": 0.0, "generate": 0.04}
+MARGIN_NOTE = {
+    "lm": "margin 45% of the largest single allocation (measured: qwen2.5-7b LoRA on an 80 GiB card failed at batch "
+    "3 on a 3.48 GiB logits block the replay places; docs/max_batch.md)",
+    "conv": "margin 100% of the largest single allocation, room for cuDNN's workspace (measured: resnet50 fp32 on a "
+    "24 GiB card ran batch 280, not 281; the replay alone promises 285; docs/max_batch.md)",
+    "generate": "margin 4% of the limit, or 45% of the largest single allocation when more (measured: phi-3-mini "
+    "generating 256 tokens from 512 on a 40 GiB card ran batch 78, not 79; docs/max_batch.md)",
+}
+
+
+RULE = (
+    "fits: the job's allocations replayed through the caching-allocator model with the card's memory less the "
+    "device overhead as the limit, and again with the margin taken off it (when a segment would not fit, the cached "
+    "free segments are released and the request retried, as PyTorch does); headroom: the limit less the margin "
+    "less the peak reserve (negative: short)"
+)
+MAX_BATCH_RULE = (
+    "max batch: the largest batch that fits with the 8 batches below it fitting too (so every smaller batch, for "
+    "answers up to 9), searched from where the live tensors alone would fill the limit; fits is not always "
+    "monotone in the batch near the limit"
+)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A job against one card, by the rule above."""
+
+    gpu_memory_bytes: int
+    limit_bytes: int  # what the allocator may reserve, less the margin: card - device overhead - margin
+    margin_bytes: int
+    fits: bool
+    reserved_bytes: int  # peak reserve under the limit when it fits, the unlimited peak reserve when not
+    releases: int  # how often the allocator released its cache to go on (0: the limit was never met)
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.limit_bytes - self.reserved_bytes
+
+
+def fit_margin_bytes(kind: str, largest_request: int, limit_bytes: int) -> int:
+    """The margin kept below the limit for a job of `kind` ("lm", "conv", "generate"; see above)."""
+    return int(max(MARGIN_SHARE_OF_LARGEST[kind] * largest_request, MARGIN_SHARE_OF_LIMIT[kind] * limit_bytes))
+
+
+def allocator_limit(gpu_memory_bytes: int, device_overhead_bytes: int) -> int:
+    """What `gpuready trial --gpu-memory` lets the allocator reserve on the GPU (trial/api.py) and the replay."""
+    return gpu_memory_bytes - device_overhead_bytes
+
+
+def judge(
+    gpu_memory_bytes: int,
+    device_overhead_bytes: int,
+    kind: str,
+    *,
+    largest_request: int,
+    unlimited_reserved: int,
+    peak_allocated: int,
+    extra_reserved: int,
+    events: Callable[[], tuple[Sequence[int], list[int] | None]],
+) -> Fit:
+    """The job on a card of `gpu_memory_bytes`, for both modes. `events` gives the allocation events and their
+    streams, asked for only when the unlimited peaks do not decide (building them again can cost a second)."""
+    limit = allocator_limit(gpu_memory_bytes, device_overhead_bytes)
+    margin = fit_margin_bytes(kind, largest_request, limit)
+    inner = limit - margin
+    easy = unlimited_reserved <= inner or peak_allocated > inner
+    evs, streams = ((), None) if easy else events()
+    fits, reserved, releases = replay_under_limit(
+        evs,
+        limit,
+        unlimited_reserved=unlimited_reserved,
+        peak_allocated=peak_allocated,
+        streams=streams,
+        extra_reserved=extra_reserved,
+        margin_bytes=margin,
+    )
+    return Fit(gpu_memory_bytes, inner, margin, fits, reserved, releases)
+
+
+def replay_under_limit(
+    events: Sequence[int],
+    limit_bytes: int,
+    *,
+    unlimited_reserved: int,
+    peak_allocated: int,
+    streams: list[int] | None = None,
+    extra_reserved: int = 0,
+    margin_bytes: int = 0,
+) -> tuple[bool, int, int]:
+    """(fits, peak reserve, releases) of `events` under `limit_bytes` (the card less the device overhead).
+
+    The job must complete under the limit and under the limit less `margin_bytes` both: near the limit, when
+    the allocator releases its cache decides whether a large request finds room, and the replay of a smaller limit
+    can complete where the larger fails (llama-3.1-8b LoRA + checkpointing, batch 2, 24 GiB card: fails under the
+    card's 23.25 GiB, completes under 22.85, fails under 22.6). The reserve returned is that of the replay under the
+    limit less the margin when it fits, else the unlimited one.
+
+    unlimited_reserved / peak_allocated: the replay's peaks with no limit (the replay under a limit is the same
+    replay until the limit is first met, so a job whose unlimited reserve is within the limit fits as it is, and one
+    whose live tensors alone exceed it cannot). extra_reserved: held outside the replayed events at the peak
+    (cuDNN's cached workspace), counted when it fits within the limit; under a limit cuDNN takes algorithms with
+    smaller workspaces, so it does not decide the fit (the margin keeps room for one)."""
+    failed = False, unlimited_reserved + extra_reserved, 0
+    inner = limit_bytes - margin_bytes
+    if unlimited_reserved <= inner:
+        return True, min(inner, unlimited_reserved + extra_reserved), 0
+    if peak_allocated > inner:
+        return failed
+    if unlimited_reserved > limit_bytes and replay(events, limit_bytes, streams).oom_event is not None:
+        return failed
+    stats = replay(events, inner, streams)
+    if stats.oom_event is not None:
+        return False, unlimited_reserved + extra_reserved, stats.releases
+    return True, stats.peak_reserved_bytes, stats.releases
