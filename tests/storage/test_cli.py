@@ -43,7 +43,7 @@ def test_manifest_create_and_verify_exit_codes(tmp_path: Path, capsys: pytest.Ca
     out = tmp_path / "m.b3"
     assert main(["manifest", "create", str(root), "-o", str(out), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["files"] == 2
-    assert main(["manifest", "verify", str(out)]) == 0
+    assert main(["manifest", "verify", str(out), str(root)]) == 0
     (root / "a.bin").write_bytes(b"changed")
     (root / "c.bin").write_bytes(b"new")
     assert main(["manifest", "verify", str(out), "--root", str(root)]) == 1

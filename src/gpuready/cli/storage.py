@@ -4,6 +4,7 @@
 # typer does not resolve string annotations of a wrapped function (the --json flag became --json-out).
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -40,6 +41,12 @@ def register(app: typer.Typer) -> None:
     )
     app.add_typer(manifest_app, name="manifest")
     app.command("sync", help="Copy SRC to DEST with rsync (rclone for remotes), then verify DEST.")(sync_cmd)
+
+
+def escape(text: str) -> str:
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
 
 
 def _console() -> Any:
@@ -310,7 +317,7 @@ def manifest_create_cmd(
             ("unreadable folders (skipped)", res.unreadable_dirs),
         ):
             for p in items:
-                con.print(f"[red]{label}:[/red] {p}", highlight=False)
+                con.print(f"[red]{label}:[/red] {escape(shown(p))}", highlight=False)
         if res.symlinks_skipped:
             con.print(f"{res.symlinks_skipped} symlink(s) leaving the tree not followed")
     if not res.complete:
@@ -319,14 +326,22 @@ def manifest_create_cmd(
 
 def manifest_verify_cmd(
     file: Annotated[str, typer.Argument(metavar="FILE", help="manifest written by `manifest create`")],
-    root: Annotated[str | None, typer.Option(help="folder to check [default: the one recorded, else FILE's]")] = None,
+    directory: Annotated[
+        str | None, typer.Argument(metavar="[DIR]", help="folder to check [default: the manifest's folder]")
+    ] = None,
+    root: Annotated[str | None, typer.Option(help="same as DIR")] = None,
     algo: Annotated[str | None, typer.Option(help="blake3 or sha256 [default: recorded, else by extension]")] = None,
     json_out: JsonOpt = False,
 ) -> None:
+    from gpuready.errors import InputError
     from gpuready.storage import verify_manifest
 
+    if directory is not None and root is not None and directory != root:
+        raise InputError("--root", "give the folder once, as DIR or as --root")
     with _progress(not json_out) as progress:
-        res = verify_manifest(file, root, algorithm=algo, progress=lambda d, t: progress("verifying", d, t))
+        res = verify_manifest(
+            file, directory or root, algorithm=algo, progress=lambda d, t: progress("verifying", d, t)
+        )
     if json_out:
         print_json(res.to_json())
     else:
@@ -344,14 +359,24 @@ def _print_verify(res: Any) -> None:
         ("unreadable", res.unreadable),
         ("changed while read", res.changed_during_read),
     ):
+        if label == "extra" and not res.extra_fails:
+            for p in items:
+                con.print(f"[yellow]in DEST only (kept):[/yellow] {escape(shown(p))}", highlight=False)
+            continue
         for p in items:
-            con.print(f"[red]{label}:[/red] {p}", highlight=False)
+            con.print(f"[red]{label}:[/red] {escape(shown(p))}", highlight=False)
     if res.malformed_lines:
         con.print(f"[red]{res.malformed_lines} malformed line(s) in the manifest[/red]")
     if res.incomplete_manifest:
         con.print("[red]the manifest has fewer lines than its .json says: it was cut short[/red]")
     status = "OK" if res.ok else "FAILED"
-    con.print(f"{status}: {res.checked}/{res.expected_files} files checked under {res.root} ({res.seconds:.1f} s)")
+    con.print(
+        f"{status}: {res.checked}/{res.expected_files} files checked under {escape(shown(res.root))} "
+        f"({res.seconds:.1f} s)",
+        highlight=False,
+    )
+    if res.recorded_root and os.path.realpath(res.recorded_root) != os.path.realpath(res.root):
+        con.print(f"(made under {escape(shown(res.recorded_root))}; checked here)", highlight=False)
 
 
 # --------------------------------------------------------------------------------------------- sync
@@ -362,6 +387,11 @@ def sync_cmd(
     dest: Annotated[str, typer.Argument(metavar="DEST", help="folder, host:path, or rclone remote:path")],
     checksum: Annotated[bool, typer.Option("--checksum", help="rsync compares content, not size+time")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="show what would be copied")] = False,
+    delete: Annotated[
+        bool, typer.Option("--delete", help="also delete files in DEST that SRC lacks (lists them; needs --yes)")
+    ] = False,
+    yes: Annotated[bool, typer.Option("--yes", help="carry out --delete")] = False,
+    bwlimit: Annotated[str, typer.Option(help="limit the copy rate, e.g. 20M (bytes/s; rsync --bwlimit)")] = "",
     timeout: Annotated[float, typer.Option(help="seconds before the copy is stopped")] = 24 * 3600,
     json_out: JsonOpt = False,
 ) -> None:
@@ -375,6 +405,9 @@ def sync_cmd(
             timeout=timeout,
             checksum=checksum,
             dry_run=dry_run,
+            delete=delete,
+            yes=yes,
+            bwlimit=bwlimit,
             copy_progress=lambda d, t: progress("copying", d, t),
             verify_progress=lambda d, t: progress("verifying", d, t),
         )
@@ -382,13 +415,22 @@ def sync_cmd(
         print_json(res.to_json())
     else:
         con = _console()
-        if res.verify is not None and not res.verify.ok:
+        if res.verify is not None:
             _print_verify(res.verify)
         for p in res.differences:
-            con.print(f"[red]differs:[/red] {p}", highlight=False)
+            con.print(f"[red]differs:[/red] {escape(shown(p))}", highlight=False)
+        for p in res.to_delete:
+            con.print(f"  would delete {escape(shown(p))}", highlight=False)
+        for note in res.notes:
+            con.print(f"[yellow]note:[/yellow] {escape(note)}", highlight=False)
         con.print(
-            f"{'OK' if res.ok else 'NOT DONE'}: {res.message} ({res.source_files} files, "
-            f"{format_bytes(res.source_bytes)}, {res.tool})"
+            f"{'OK' if res.ok else 'NOT DONE'}: {escape(res.message)} ({res.source_files} files, "
+            f"{format_bytes(res.source_bytes)}, {res.tool})",
+            highlight=False,
         )
-    if not res.ok and not dry_run:
+        if res.fix:
+            con.print(f"[bold]fix:[/bold] {escape(res.fix)}", highlight=False)
+    if res.interrupted:
+        raise typer.Exit(130)
+    if not res.ok and not dry_run and not res.to_delete and not (delete and not yes):
         raise typer.Exit(1)

@@ -17,7 +17,10 @@ if TYPE_CHECKING:
     from gpuready.storage.projection import DiskProjection, job_sizes, project_disk
     from gpuready.storage.report import storage_report
     from gpuready.storage.runner import Runner, RunResult, SubprocessRunner
-    from gpuready.storage.sync import SyncResult, sync
+
+# eager: `sync` is also the submodule's name, and importing the submodule would set the package attribute
+# `sync` to the module; importing the function here (cheap: no pydantic) keeps the name the function
+from gpuready.storage.sync import SyncResult, sync
 
 _WHERE = {
     "CacheReport": "caches",
@@ -43,8 +46,6 @@ _WHERE = {
     "Runner": "runner",
     "RunResult": "runner",
     "SubprocessRunner": "runner",
-    "SyncResult": "sync",
-    "sync": "sync",
 }
 
 __all__ = [
@@ -80,4 +81,6 @@ def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'gpuready.storage' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"gpuready.storage.{module}"), name)
+    value = getattr(importlib.import_module(f"gpuready.storage.{module}"), name)
+    globals()[name] = value
+    return value
