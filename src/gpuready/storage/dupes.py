@@ -547,6 +547,7 @@ def find_duplicates(
 # What must not be removed: Hugging Face cache blobs, git object stores, targets of symlinks.
 
 Protection = Literal["never", "link-only"]
+_HF_REPO_PREFIXES = ("models--", "datasets--", "spaces--")
 
 
 def _git_part(parts: list[str]) -> int | None:
@@ -568,11 +569,19 @@ def protection(path: str, symlink_targets: dict[str, int]) -> tuple[Protection, 
                 "`git clone --local` makes, or share objects with `git clone --reference OTHER`",
             )
         return ("never", "git metadata (.git): never changed")
-    if len(parts) >= 3 and parts[-2] == "blobs" and parts[-3].startswith(("models--", "datasets--", "spaces--")):
-        return (
-            "link-only",
-            "Hugging Face cache blob: snapshot links point at it by name; replaced by a hard link, never removed",
-        )
+    repo = next((i for i, p in enumerate(parts[:-1]) if p.startswith(_HF_REPO_PREFIXES)), None)
+    if repo is not None and repo + 2 <= len(parts) - 1:
+        # huggingface_hub's cache layout: <repo>/blobs/<hash>, <repo>/snapshots/<rev>/..., <repo>/refs/<branch>
+        # (huggingface_hub `file_download.py`, docs "Understand caching")
+        area = parts[repo + 1]
+        if area == "blobs":
+            return (
+                "link-only",
+                "Hugging Face cache blob: snapshot links point at it by name; replaced by a hard link, never removed",
+            )
+        if area == "snapshots":
+            return ("link-only", "Hugging Face cache snapshot file: the cache reads it by this name")
+        return ("never", f"Hugging Face cache {area}/ (branch and revision bookkeeping): never changed")
     n = symlink_targets.get(path)
     if n:
         return ("link-only", f"{n} symlink(s) point at it; removing it would leave them dangling")
