@@ -5,8 +5,9 @@ notice extra files.
 Names are escaped the way both tools read them: a name holding `\\` or a newline has them written as `\\\\`
 and `\\n` and its line starts with `\\` (BLAKE3-team/BLAKE3 `b3sum/what_does_check_do.md`, coreutils
 sha256sum(1)). A carriage return is written as it is: GNU sha256sum 9.1 writes `\\r`, but
-Debian's b3sum 1.2.0 (bookworm) rejects `\\r` as "Invalid backslash escape" and reads a raw one; both read
-the raw byte (checked with b3sum 1.2.0 and sha256sum 9.1). When reading, `\\r` is accepted too.
+Debian's b3sum 1.2.0 (bookworm) rejects `\\r` as "Invalid backslash escape" and reads a raw one, while
+sha256sum drops a raw one at the end of a line. So BLAKE3 manifests (for b3sum) keep it raw and SHA-256
+manifests (for sha256sum) escape it (checked with b3sum 1.2.0 and sha256sum 9.1). Reading accepts both.
 Lines are split on `\\n` only (never str.splitlines(), which also splits on \\x0b \\x0c \\x1c \\x85 \\u2028...).
 Names that are not UTF-8 are written as their raw bytes (what sha256sum does) and read back to the same bytes
 (Python's surrogateescape); b3sum 1.2.0 cannot check such names at all ("Unicode replacement character").
@@ -34,11 +35,15 @@ FORMAT = "gpuready-manifest/1"
 ByteProgress = Callable[[int, int], None]  # (bytes done, bytes total)
 
 
-def escape_name(name: str) -> tuple[str, bool]:
-    """The name as written in a manifest, and whether the line needs the leading backslash."""
-    if "\\" not in name and "\n" not in name:
+def escape_name(name: str, escape_cr: bool = False) -> tuple[str, bool]:
+    """The name as written in a manifest, and whether the line needs the leading backslash. `escape_cr` for
+    sha256 manifests: GNU sha256sum drops a raw carriage return at the end of a line (DOS line endings), so a
+    name ending in one is only read back from `\\r`, the escape sha256sum itself writes."""
+    cr = escape_cr and "\r" in name
+    if "\\" not in name and "\n" not in name and not cr:
         return name, False
-    return name.replace("\\", "\\\\").replace("\n", "\\n"), True
+    out = name.replace("\\", "\\\\").replace("\n", "\\n")
+    return (out.replace("\r", "\\r") if cr else out), True
 
 
 def unescape_name(text: str) -> str:
@@ -56,8 +61,8 @@ def unescape_name(text: str) -> str:
     return "".join(out)
 
 
-def format_line(hexdigest: str, name: str) -> str:
-    escaped, flagged = escape_name(name)
+def format_line(hexdigest: str, name: str, escape_cr: bool = False) -> str:
+    escaped, flagged = escape_name(name, escape_cr)
     prefix = "\\" if flagged else ""
     return f"{prefix}{hexdigest}  {escaped}\n"
 
@@ -241,8 +246,9 @@ def create_manifest(
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "sizes": dict(sorted(sizes.items())),
     }
+    cr = algo == "sha256"  # sha256sum needs `\\r`, b3sum 1.2.0 refuses it (module docstring)
     lines = b"".join(
-        format_line(run.digests[rel], rel).encode("utf-8", "surrogateescape") for rel in sorted(run.digests)
+        format_line(run.digests[rel], rel, cr).encode("utf-8", "surrogateescape") for rel in sorted(run.digests)
     )
     # ensure_ascii: a name that is not UTF-8 is kept as a \udcXX escape, read back to the same bytes
     _write_atomic(out, lines)

@@ -259,7 +259,8 @@ def sync(
             listing.insert(1, "--itemize-changes")
             probe = runner.run(listing, timeout=timeout) if kind != "local" or os.path.isdir(dest) else None
             if probe is not None:
-                to_delete = [ln.split(" ", 1)[1] for ln in probe.stdout.splitlines() if ln.startswith("*deleting ")]
+                # itemized deletions: "*deleting" padded to the 11-column %i field, a space, the name
+                to_delete = [ln[12:] for ln in probe.stdout.split("\n") if ln.startswith("*deleting ")]
             return SyncResult(
                 src=os.path.abspath(src),
                 dest=dest if kind != "local" else os.path.abspath(dest),
