@@ -255,8 +255,8 @@ def dupes_cmd(
     out = sys.stdout
     for g in report.groups:
         out.write(f"{format_bytes(g.size)} x {len(g.copies)} copies ({g.digest[:19]}...)\n")
-        for i, p in enumerate(g.paths):
-            out.write(f"  {'keep ' if i == 0 else '     '}{shown(p)}\n")
+        for p in g.paths:
+            out.write(f"  {shown(p)}\n")
     out.write(
         f"{len(report.groups)} group(s), {format_bytes(report.reclaimable_bytes)} reclaimable; scanned "
         f"{report.files_scanned} files ({format_bytes(report.bytes_scanned)}), "
@@ -273,8 +273,10 @@ def dupes_cmd(
         out.write(f"{report.symlinks_skipped} symlink(s) not followed\n")
     if plan is None:
         return
-    verb = "remove" if plan.action == "remove" else "hard-link to the kept copy"
-    out.write(f"Plan: {verb} {len(plan.steps)} file(s), freeing {format_bytes(plan.reclaimable_bytes)}\n")
+    removals = sum(1 for s in plan.steps if s.action == "remove")
+    links = len(plan.steps) - removals
+    what = ", ".join(t for t in (f"remove {removals}" if removals else "", f"hard-link {links}" if links else "") if t)
+    out.write(f"Plan: {what or 'nothing to do'} file(s), freeing {format_bytes(plan.reclaimable_bytes)}\n")
     for s in plan.steps:
         note = f"; {s.note}" if s.note and s.action != plan.action else ""
         out.write(f"  {s.action} {shown(s.path)}  (keep {shown(s.keep)}{note})\n")

@@ -690,10 +690,7 @@ def make_plan(report: DupesReport, action: str) -> DedupePlan:
             return (min(rank[p[0] if (p := prot[c.path]) else None] for c in ino), ino[0].path)
 
         inodes = sorted(g.copies, key=order)
-        kept = inodes[0][0]
-        for c in inodes[0]:
-            if prot[c.path] is not None:
-                protected.append(Protected(c.path, f"kept copy; {prot[c.path][1]}"))  # type: ignore[index]
+        kept = inodes[0][0]  # a protected copy when there is one: it stays as it is
         for ino in inodes[1:]:
             kinds = {p[0] for c in ino if (p := prot[c.path])}
             if "never" in kinds:
