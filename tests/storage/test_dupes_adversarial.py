@@ -326,3 +326,21 @@ def test_every_candidate_byte_is_read_small_and_large(tmp_path: Path) -> None:
     r = find_duplicates([tmp_path])
     assert r.bytes_read >= 3 * len(small) + 3 * len(large)
     assert sorted(len(g.copies) for g in r.groups) == [3, 3]
+
+
+def test_a_root_given_as_a_link_to_a_folder_is_scanned_and_a_link_to_a_file_is_never_acted_on(
+    tmp_path: Path,
+) -> None:
+    body = os.urandom(4000)
+    write(tmp_path / "real" / "a.bin", body)
+    write(tmp_path / "real" / "b.bin", body)
+    os.symlink(tmp_path / "real", tmp_path / "data")
+    os.symlink(tmp_path / "real" / "b.bin", tmp_path / "file_link")
+    (g,) = find_duplicates([tmp_path / "data"]).groups
+    assert g.paths == [str(tmp_path / "data" / "a.bin"), str(tmp_path / "data" / "b.bin")]
+    before = state(tmp_path)
+    plan, _ = _plan_and_apply([tmp_path / "file_link", tmp_path / "real"], "remove")
+    assert all(s.path != str(tmp_path / "file_link") for s in plan.steps)
+    assert {s.keep for s in plan.steps} == {str(tmp_path / "real" / "b.bin")}  # the link's target is kept
+    assert_nothing_lost(before, tmp_path)
+    assert (tmp_path / "file_link").read_bytes() == body

@@ -278,8 +278,9 @@ def dupes_cmd(
     what = ", ".join(t for t in (f"remove {removals}" if removals else "", f"hard-link {links}" if links else "") if t)
     out.write(f"Plan: {what or 'nothing to do'} file(s), freeing {format_bytes(plan.reclaimable_bytes)}\n")
     for s in plan.steps:
-        note = f"; {s.note}" if s.note and s.action != plan.action else ""
-        out.write(f"  {s.action} {shown(s.path)}  (keep {shown(s.keep)}{note})\n")
+        out.write(f"  {s.action} {shown(s.path)}\n      keep {shown(s.keep)}\n")
+        if s.note and s.action != plan.action:
+            out.write(f"      why {s.action}: {s.note}\n")
     if plan.protected:
         out.write(f"Protected, left as they are ({len(plan.protected)}):\n")
         for prot in plan.protected:

@@ -214,9 +214,16 @@ def _scan(roots: list[bytes], min_size: int, progress: Progress | None) -> _Scan
             sc.unreadable_dirs.append(os.fsdecode(root))
             continue
         if stat.S_ISLNK(st.st_mode):
-            sc.symlinks.append(os.fsdecode(root))
-            continue
-        if stat.S_ISREG(st.st_mode):
+            # a root given as a link to a folder (/data -> /mnt/nvme/data) is scanned; a link to a file is not
+            # a file to act on (acting would replace the link), so it only protects its target
+            try:
+                is_dir = stat.S_ISDIR(os.stat(root).st_mode)
+            except OSError:
+                is_dir = False
+            if not is_dir:
+                sc.symlinks.append(os.fsdecode(root))
+                continue
+        elif stat.S_ISREG(st.st_mode):
             sc.files += 1
             sc.total_bytes += st.st_size
             if st.st_size >= min_size:
@@ -461,6 +468,11 @@ def find_duplicates(
     if min_size < 0:
         raise InputError("--min-size", "must be 0 or more")
     sc = _scan(_distinct_roots(roots), min_size, progress)
+    # a root that is a link to a file inside another root was merged away above; its target stays protected
+    for r in roots:
+        link = os.path.abspath(os.fspath(r))
+        if os.path.islink(link) and not os.path.isdir(link) and link not in sc.symlinks:
+            sc.symlinks.append(link)
     n_workers = workers or min(4, os.cpu_count() or 1)
 
     # size groups with at least two inodes; a record stands for its inode, its other names go to `links`
