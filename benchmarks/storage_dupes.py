@@ -1,27 +1,30 @@
-"""Benchmark: `gpuready storage dupes` against jdupes and rdfind on one generated tree, plus hashing speed.
+"""Benchmark: `gpuready storage dupes` against jdupes, rdfind and fdupes on one generated tree.
 
-    python benchmarks/storage_dupes.py [--dir /tmp/gpuready-dupes-bench] [--scale 1.0] [--out FILE.md]
+    python benchmarks/storage_dupes.py --tree small [--files 200000] [--repeat 3] [--out FILE.md]
+    python benchmarks/storage_dupes.py --tree mixed [--scale 1.0] [--repeat 3] [--out FILE.md]
 
-The tree (seeded, so every run builds the same bytes) mixes what a GPU box holds:
-- many small unique files (configs, logs, tokenizer pieces), 4 KiB-256 KiB;
-- medium files (1-8 MiB), a third of them copied once or twice elsewhere in the tree;
-- large files (32-64 MiB, "shards"), some copied;
-- same-size decoys: copies with one byte changed in the middle (head and tail agree: only a full read
-  can tell) and with the first byte changed (a 4 KiB head read tells).
-All tools run on page-cache-warm data (the tree was just written; caches are not dropped because the machine
-is shared), so the numbers compare CPU and syscall work, not disk speed.
+Trees are seeded (every run builds the same bytes) and written under --dir (default /tmp/...), deleted after.
+- small: N files of 1-8 KB in folders of 1000, every tenth a copy of an earlier file (issue 9's case).
+- mixed: what a GPU box holds: many small unique files, medium files (1-8 MiB) a third of them copied, large
+  "shards" (32-64 MiB) some copied, and same-size decoys (one byte changed in the middle or at the start).
+Every tool runs as its own process (gpuready through its CLI, text and --json) in rounds, tools interleaved,
+so a busy shared machine slows all of them alike; wall time, CPU time (user+sys) and peak RSS come from
+os.wait4. All runs are page-cache warm (the tree was just written and read once by every tool).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 MIB = 1 << 20
@@ -70,46 +73,91 @@ def build_tree(root: Path, scale: float, seed: int = 7) -> dict[str, int]:
     return counts
 
 
-def timed(argv: list[str]) -> tuple[float, str]:
-    start = time.perf_counter()
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=900, check=False)
-    elapsed = time.perf_counter() - start
+def build_small(root: Path, files: int, seed: int = 11) -> dict[str, int]:
+    rng = random.Random(seed)
+    if root.exists():
+        shutil.rmtree(root)
+    counts = {"files": 0, "bytes": 0, "dupe_files": 0, "decoys": 0}
+    uniques: list[bytes] = []
+    for i in range(files):
+        folder = root / f"d{i // 1000:04d}"
+        if i % 1000 == 0:
+            folder.mkdir(parents=True)
+        if i % 10 == 9:
+            data = uniques[rng.randrange(len(uniques))]
+            counts["dupe_files"] += 1
+        else:
+            data = rng.randbytes(rng.randint(1024, 8192))
+            uniques.append(data)
+        (folder / f"f{i:07d}.dat").write_bytes(data)
+        counts["files"] += 1
+        counts["bytes"] += len(data)
+    return counts
+
+
+def measured(argv: list[str], env: dict[str, str] | None = None) -> dict[str, float]:
+    """Wall seconds, CPU seconds (user+sys) and peak RSS (MB) of one run of argv; stdout kept for counting.
+    Linux carries the RSS high-water mark across fork+exec, so this process must stay small (it does: the
+    tree is built in a child process) or every tool would report at least our own peak."""
+    gnu_time = Path("/usr/bin/time")
+    rss_file = Path(f"/tmp/gpuready-bench-rss-{os.getpid()}")
+    if gnu_time.exists():  # a small C parent: its child's high-water mark starts near zero
+        argv = [str(gnu_time), "-f", "%M", "-o", str(rss_file), *argv]
+    with open(os.devnull, "wb") as null, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=null, env=env) as proc:
+        start = time.perf_counter()
+        out = proc.stdout.read() if proc.stdout else b""
+        _pid, status, usage = os.wait4(proc.pid, 0)
+        elapsed = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode not in (0, 1):
-        raise RuntimeError(f"{argv[0]} failed: {proc.stderr[-500:]}")
-    return elapsed, proc.stdout
-
-
-def run_ours(root: Path) -> dict[str, float]:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-    from gpuready.storage.dupes import find_duplicates
-
-    start = time.perf_counter()
-    r = find_duplicates([root])
-    elapsed = time.perf_counter() - start
-    dupes = sum(len(g.inodes) - 1 for g in r.groups)
+        raise RuntimeError(f"{argv[0]} exited {proc.returncode}")
+    rss_kb = usage.ru_maxrss
+    if rss_file.exists():
+        rss_kb = int(rss_file.read_text().split()[-1])
+        rss_file.unlink()
     return {
         "seconds": elapsed,
-        "groups": len(r.groups),
-        "dupe_files": dupes,
-        "reclaimable": r.reclaimable_bytes,
-        "bytes_read": r.bytes_read,
+        "cpu": usage.ru_utime + usage.ru_stime,
+        "rss_mb": rss_kb / 1024,
+        "out": out,  # type: ignore[dict-item]
     }
 
 
-def run_jdupes(root: Path) -> dict[str, float]:
-    elapsed, out = timed(["jdupes", "-r", "-q", str(root)])
-    groups = [g for g in out.strip().split("\n\n") if g.strip()]
-    dupes = sum(len(g.strip().splitlines()) - 1 for g in groups)
-    return {"seconds": elapsed, "groups": len(groups), "dupe_files": dupes}
+def count_blank_separated(out: bytes) -> tuple[int, int]:
+    groups = [g for g in out.strip().split(b"\n\n") if g.strip()]
+    return len(groups), sum(len(g.strip().splitlines()) - 1 for g in groups)
 
 
-def run_rdfind(root: Path, work: Path) -> dict[str, float]:
-    results = work / "rdfind_results.txt"
-    elapsed, _ = timed(["rdfind", "-dryrun", "true", "-outputname", str(results), str(root)])
-    lines = [ln for ln in results.read_text().splitlines() if ln and not ln.startswith("#")]
-    firsts = sum(1 for ln in lines if ln.startswith("DUPTYPE_FIRST_OCCURRENCE"))
-    dupes = sum(1 for ln in lines if ln.startswith("DUPTYPE_WITHIN_SAME_TREE"))
-    return {"seconds": elapsed, "groups": firsts, "dupe_files": dupes}
+def tools(root: Path, work: Path) -> list[tuple[str, list[str], Callable[[bytes], tuple[int, int]]]]:
+    repo = Path(__file__).resolve().parents[1]
+    gr = [sys.executable, "-m", "gpuready", "storage", "dupes", str(root)]
+
+    def from_json(out: bytes) -> tuple[int, int]:
+        data = json.loads(out)
+        return len(data["groups"]), sum(len(g["inodes"]) - 1 for g in data["groups"])
+
+    def from_text(out: bytes) -> tuple[int, int]:
+        heads = [ln for ln in out.splitlines() if b" copies (blake3:" in ln]
+        return len(heads), sum(int(ln.split(b" x ")[1].split()[0]) - 1 for ln in heads)
+
+    def from_rdfind(_out: bytes) -> tuple[int, int]:
+        lines = (work / "rdfind_results.txt").read_text().splitlines()
+        firsts = sum(1 for ln in lines if ln.startswith("DUPTYPE_FIRST_OCCURRENCE"))
+        return firsts, sum(1 for ln in lines if ln.startswith("DUPTYPE_WITHIN_SAME_TREE"))
+
+    out: list[tuple[str, list[str], Callable[[bytes], tuple[int, int]]]] = [
+        ("gpuready storage dupes (text)", gr, from_text),
+        ("gpuready storage dupes --json", [*gr, "--json"], from_json),
+    ]
+    if shutil.which("jdupes"):
+        out.append(("jdupes -r -q", ["jdupes", "-r", "-q", str(root)], count_blank_separated))
+    if shutil.which("rdfind"):
+        argv = ["rdfind", "-dryrun", "true", "-outputname", str(work / "rdfind_results.txt"), str(root)]
+        out.append(("rdfind -dryrun true", argv, from_rdfind))
+    if shutil.which("fdupes"):
+        out.append(("fdupes -r -q", ["fdupes", "-r", "-q", str(root)], count_blank_separated))
+    del repo
+    return out
 
 
 def hash_throughput(work: Path) -> list[tuple[str, float]]:
@@ -162,50 +210,91 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def tool_version(name: str) -> str:
+    for flag in ("-v", "--version"):
+        try:
+            proc = subprocess.run([name, flag], capture_output=True, text=True, timeout=10, check=False)
+        except OSError:
+            return "not installed"
+        text = (proc.stdout or proc.stderr).strip().splitlines()
+        if proc.returncode == 0 and text:
+            return text[0]
+    return "?"
+
+
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--tree", choices=("small", "mixed"), default="small")
+    ap.add_argument("--files", type=int, default=200_000, help="small tree: number of files")
+    ap.add_argument("--scale", type=float, default=1.0, help="mixed tree: size factor")
+    ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", default="/tmp/gpuready-dupes-bench")
-    ap.add_argument("--scale", type=float, default=1.0)
-    ap.add_argument("--out", default=None, help="write the markdown table here")
+    ap.add_argument("--out", default=None, help="write the markdown section here")
+    ap.add_argument("--hashing", action="store_true", help="also measure hashing throughput (needs 1 GiB)")
+    ap.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     work = Path(args.dir)
     tree = work / "tree"
+    if args.build_only:  # in a child process: its memory never inflates the tools' peak RSS (see measured)
+        counts = build_small(tree, args.files) if args.tree == "small" else build_tree(tree, args.scale)
+        print(json.dumps(counts))
+        return 0
     t0 = time.perf_counter()
-    counts = build_tree(tree, args.scale)
+    child = [sys.executable, __file__, "--build-only", "--tree", args.tree, "--files", str(args.files)]
+    child += ["--scale", str(args.scale), "--dir", str(work)]
+    counts = json.loads(subprocess.run(child, capture_output=True, text=True, check=True).stdout)
     gen_s = time.perf_counter() - t0
-    rows: list[tuple[str, dict[str, float]]] = []
-    # one untimed listing so every tool starts with the same warm inode and page cache
-    run_ours(tree)
-    rows.append(("gpuready storage dupes", run_ours(tree)))
-    if shutil.which("jdupes"):
-        rows.append(("jdupes -r -q", run_jdupes(tree)))
-    if shutil.which("rdfind"):
-        rows.append(("rdfind -dryrun true", run_rdfind(tree, work)))
-    speeds = hash_throughput(work)
-    shutil.rmtree(work)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    runs: dict[str, list[dict[str, float]]] = {}
+    found: dict[str, tuple[int, int]] = {}
+    load = [os.getloadavg()[0]]
+    try:
+        candidates = tools(tree, work)
+        for _name, argv, _count in candidates:  # one untimed run each: every tool starts warm
+            measured(argv, env)
+        for _ in range(args.repeat):
+            for name, argv, count in candidates:
+                r = measured(argv, env)
+                found[name] = count(r.pop("out"))  # type: ignore[arg-type]
+                runs.setdefault(name, []).append(r)
+            load.append(os.getloadavg()[0])
+        speeds = hash_throughput(work) if args.hashing else []
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
     uname = " ".join(os.uname())
+    cmd = f"python benchmarks/storage_dupes.py --tree {args.tree} "
+    cmd += f"--files {args.files}" if args.tree == "small" else f"--scale {args.scale:g}"
+    cmd += f" --repeat {args.repeat}"
     lines = [
-        "# Storage benchmark: duplicate scan and hashing speed",
+        f"## Tree `{args.tree}`",
         "",
         f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         f"- machine: `{uname}`, {os.cpu_count()} CPUs (`nproc`), CPU model `{cpu_model()}`, "
-        f"Python {platform.python_version()}",
-        f"- command: `python benchmarks/storage_dupes.py --scale {args.scale:g}`",
+        f"Python {platform.python_version()}; 1-minute load average {min(load):.1f}-{max(load):.1f} during the runs "
+        "(a machine shared with other jobs)",
+        f"- command: `{cmd}`",
         f"- tree: {counts['files']} files, {counts['bytes'] / 1e9:.2f} GB; {counts['dupe_files']} duplicate "
-        f"copies, {counts['decoys']} same-size decoys (one byte changed in the middle or at the start); "
-        f"generated in {gen_s:.0f} s",
-        "- page cache warm for every tool (tree just written; caches not dropped on this shared machine)",
+        f"copies, {counts['decoys']} same-size decoys; generated in {gen_s:.0f} s",
+        f"- tools: {tool_version('jdupes')}; {tool_version('rdfind')}; {tool_version('fdupes')}",
         "",
-        "| tool | wall s | groups | duplicate files | reclaimable | bytes read |",
+        f"Median of {args.repeat} interleaved runs (min in brackets).",
+        "",
+        "| tool | wall s | CPU s (user+sys) | peak RSS MB | groups | duplicate files |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    for name, r in rows:
-        recl = f"{r['reclaimable'] / 1e9:.3f} GB" if "reclaimable" in r else "-"
-        read = f"{r['bytes_read'] / 1e9:.3f} GB" if "bytes_read" in r else "-"
-        lines.append(f"| {name} | {r['seconds']:.2f} | {r['groups']:.0f} | {r['dupe_files']:.0f} | {recl} | {read} |")
-    lines += ["", "| hashing, one core | GB/s |", "|---|---:|"]
-    lines += [f"| {name} | {gbs:.2f} |" for name, gbs in speeds]
+    for name, rs in runs.items():
+        w = sorted(r["seconds"] for r in rs)
+        c = sorted(r["cpu"] for r in rs)
+        m = sorted(r["rss_mb"] for r in rs)
+        g, d = found[name]
+        lines.append(
+            f"| {name} | {statistics.median(w):.2f} ({w[0]:.2f}) | {statistics.median(c):.2f} ({c[0]:.2f}) | "
+            f"{statistics.median(m):.0f} | {g} | {d} |"
+        )
+    if speeds:
+        lines += ["", "| hashing, one core | GB/s |", "|---|---:|"]
+        lines += [f"| {name} | {gbs:.2f} |" for name, gbs in speeds]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -43,7 +43,7 @@ def test_manifest_create_and_verify_exit_codes(tmp_path: Path, capsys: pytest.Ca
     out = tmp_path / "m.b3"
     assert main(["manifest", "create", str(root), "-o", str(out), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["files"] == 2
-    assert main(["manifest", "verify", str(out)]) == 0
+    assert main(["manifest", "verify", str(out), str(root)]) == 0
     (root / "a.bin").write_bytes(b"changed")
     (root / "c.bin").write_bytes(b"new")
     assert main(["manifest", "verify", str(out), "--root", str(root)]) == 1
@@ -64,3 +64,39 @@ def test_storage_json_has_mounts_caches_and_advice(capsys: pytest.CaptureFixture
     data = json.loads(capsys.readouterr().out)
     assert {"mounts", "caches", "advice", "layout", "projection"} <= set(data)
     assert any(m["mount_point"] == "/" and m["kind"] == "system" for m in data["mounts"])
+
+
+def test_dupes_text_prints_one_line_per_odd_name_and_a_plan_with_protected_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from .conftest import ODD_NAMES, hf_repo
+
+    root = os.fsencode(tmp_path / "odd")
+    os.mkdir(root)
+    body = os.urandom(2000)
+    for name in ODD_NAMES:
+        with open(os.path.join(root, name), "wb") as fh:
+            fh.write(body)
+    assert main(["storage", "dupes", str(tmp_path / "odd")]) == 0
+    out = capsys.readouterr().out
+    listed = [ln for ln in out.splitlines() if ln.startswith("  ")]
+    assert len(listed) == len(ODD_NAMES)  # a newline or \x85 in a name never splits its line
+    assert "bad\\xffutf8" in out and "\r" not in out and "\x0b" not in out
+    weights = os.urandom(50_000)
+    hf_repo(tmp_path / "hub", "org/a", {"w.bin": weights})
+    hf_repo(tmp_path / "hub", "org/b", {"w.bin": weights})
+    assert main(["storage", "dupes", str(tmp_path / "hub"), "--remove"]) == 0
+    out = capsys.readouterr().out
+    assert "hardlink" in out and "never removed" in out and "add --yes" in out
+
+
+def test_manifest_verify_takes_dir_as_an_argument(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = _tree(tmp_path)
+    out = tmp_path / "m.b3"
+    assert main(["manifest", "create", str(root), "-o", str(out)]) == 0
+    assert main(["manifest", "verify", str(out)]) == 1  # tmp_path is not the tree: checked where it lies
+    capsys.readouterr()
+    assert main(["manifest", "verify", str(out), str(root), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["ok"] and data["root"] == str(root) and data["recorded_root"] == str(root.resolve())
+    assert main(["manifest", "verify", str(out), str(root), "--root", str(tmp_path)]) == 2

@@ -1,10 +1,9 @@
-import hashlib
 import os
 from pathlib import Path
 
 import pytest
 
-from gpuready.storage.dupes import apply_plan, find_duplicates, hf_blob_sha256, make_plan
+from gpuready.storage.dupes import apply_plan, find_duplicates, make_plan
 from gpuready.storage.hashing import FileChangedError, hash_file
 
 MIB = 1 << 20
@@ -64,24 +63,6 @@ def test_hard_links_are_one_file_and_symlinks_are_not_followed(tmp_path: Path) -
     r = find_duplicates([tmp_path / "t"])
     (g,) = r.groups
     assert len(g.paths) == 3 and len(g.inodes) == 2 and g.reclaimable_bytes == 100_000
-
-
-def test_hugging_face_blobs_are_grouped_by_name_without_reading(tmp_path: Path) -> None:
-    data = os.urandom(50_000)
-    sha = hashlib.sha256(data).hexdigest()
-    b1 = _write(tmp_path / "hub1" / "models--org--m" / "blobs" / sha, data)
-    b2 = _write(tmp_path / "hub2" / "models--org--m" / "blobs" / sha, data)
-    assert hf_blob_sha256(str(b1)) == sha
-    r = find_duplicates([tmp_path / "hub1", tmp_path / "hub2"])
-    (g,) = r.groups
-    assert g.digest == f"sha256:{sha}" and r.bytes_read == 0 and r.hf_blobs_by_name == 2
-    assert sorted(g.paths) == sorted([str(b1), str(b2)])
-    # a local_dir copy (a real file) is matched against the blob through sha256 of the copy only
-    copy = _write(tmp_path / "local" / "model.safetensors", data)
-    r = find_duplicates([tmp_path])
-    (g,) = r.groups
-    assert str(copy) in g.paths and g.digest == f"sha256:{sha}"
-    assert r.bytes_read == 3 * 8192 + 50_000  # head+tail of all three, one full read of the copy
 
 
 def test_unreadable_folders_are_skipped_and_counted(tmp_path: Path) -> None:

@@ -72,14 +72,16 @@ def test_a_manifest_cut_short_is_detected(data: Path, tmp_path: Path) -> None:
     assert res.incomplete_manifest and res.extra and not res.ok
 
 
-def test_sha256_manifest_matches_hashlib_and_default_root_is_recorded(data: Path, tmp_path: Path) -> None:
+def test_sha256_manifest_matches_hashlib_and_recorded_root_is_information_only(data: Path, tmp_path: Path) -> None:
     out = tmp_path / "m.sha256"
     made = create_manifest(data, out)
     assert made.algorithm == "sha256"
     entries, bad = read_manifest(out)
     assert bad == 0
     assert entries["log.txt"] == hashlib.sha256(b"loss 1.0\n").hexdigest()
-    assert verify_manifest(out).root == str(data)  # the root recorded in m.sha256.json
+    res = verify_manifest(out)
+    # the sidecar's root is information only; without DIR the manifest's own folder is checked (as b3sum -c)
+    assert res.recorded_root == str(data.resolve()) and res.root == str(tmp_path) and not res.ok
 
 
 def test_manifest_inside_the_tree_is_not_an_extra_file(data: Path) -> None:

@@ -21,7 +21,7 @@ class FakeRunner:
     def which(self, name: str) -> str | None:
         return f"/usr/bin/{name}" if name in self.tools else None
 
-    def run(self, argv: list[str], timeout: float, on_line=None) -> RunResult:  # type: ignore[no-untyped-def]
+    def run(self, argv: list[str], timeout: float, on_line=None, ours: bool = False) -> RunResult:  # type: ignore[no-untyped-def]
         self.calls.append(argv)
         assert timeout > 0
         if argv[0] == "rsync" and "--dry-run" not in argv and self.returncode == 0:
@@ -51,7 +51,7 @@ def test_local_sync_copies_then_verifies_against_a_manifest(src: Path, tmp_path:
     assert res.ok and res.verify is not None and res.verify.checked == 2
     assert seen == [(1024, 5005)]  # rsync --info=progress2 parsed into bytes done / total
     argv = runner.calls[0]
-    assert argv[:3] == ["rsync", "-a", "--partial"] and argv[-2].endswith("/") and argv[-1].endswith("/")
+    assert argv[:3] == ["rsync", "-aHS", "--partial"] and argv[-2].endswith("/") and argv[-1].endswith("/")
     assert (tmp_path / "dst" / MANIFEST_NAME).is_file()
 
 
@@ -65,7 +65,8 @@ def test_corruption_after_copy_is_caught_and_named(src: Path, tmp_path: Path) ->
 def test_interrupted_copy_is_reported_resumable_and_not_verified(src: Path, tmp_path: Path) -> None:
     res = sync(str(src), str(tmp_path / "dst"), runner=FakeRunner(returncode=20))
     assert not res.copied and not res.ok and res.verify is None
-    assert "again to resume" in res.message and "exited 20" in res.message
+    assert "again to resume" in res.fix and "exited 20" in res.message
+    assert res.error_line == "rsync error: interrupted"  # the tool's own words are shown
 
 
 def test_missing_tool_and_bad_source_are_errors_for_people(src: Path, tmp_path: Path) -> None:

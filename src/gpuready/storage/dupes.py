@@ -1,58 +1,132 @@
-"""Duplicate files: group by size, then by a hash of the head and tail blocks, then by a full hash, reading as
-little as possible (the pipeline fclones, czkawka and jdupes share; reference/storage.md §1a).
+"""Duplicate files: group by size, then by content, reading every byte of every candidate.
 
-Hard links to one inode are one file (nothing to reclaim). Hugging Face blobs (`models--*/blobs/<sha256>`) are
-named by their content hash, so groups made only of such blobs need no reads at all; when they meet ordinary
-files of the same size, the full stage uses SHA-256 so the blob names can stand in for reading the blobs.
+Content is the only proof of equality. A name (a Hugging Face blob's sha256 file name, an etag) says what a
+file *should* hold, not what it holds: a corrupt blob keeps its name (issue 9). So every candidate of a size
+group is hashed in full (BLAKE3, 256 bits) before it is grouped; files up to `SMALL` bytes in one read, inline
+and in batches (no thread per small file: a pool task costs more than reading a 4 KiB file), larger ones after
+a head+tail filter, in a thread pool (the pipeline fclones, czkawka and jdupes share; reference/storage.md §1a).
+
+The scan keeps one packed record per file (inode, mtime_ns, folder index + name as bytes), so 200k
+files cost about as much memory as jdupes' C structures (docs/storage_benchmark.md).
+
+Acting on duplicates (`make_plan`, `apply_plan`) knows what a Hugging Face cache and a git repository are,
+never removes a file that a symlink or a snapshot points at, re-checks both copies right before each action
+and acts atomically (a hard link under a temporary name in the same folder, renamed over).
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import re
-from collections import defaultdict
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+import stat
+import struct
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gpuready.errors import InputError
-from gpuready.storage.hashing import BLOCK, Algorithm, FileChangedError, hash_file, head_tail_digest
-from gpuready.storage.walk import FileEntry, WalkStats, walk_files
+from gpuready.storage.hashing import BLOCK, FileChangedError, hash_file, head_tail_digest
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
-_SHA256_NAME = re.compile(r"^[0-9a-f]{64}$")
-_HF_REPO = re.compile(r"^(models|datasets|spaces)--")
-
-
-def hf_blob_sha256(path: str) -> str | None:
-    """The sha256 a Hugging Face hub-cache blob is named by, or None if `path` is not such a blob."""
-    parent, name = os.path.split(path)
-    repo_dir, blobs = os.path.split(parent)
-    if blobs == "blobs" and _HF_REPO.match(os.path.basename(repo_dir)) and _SHA256_NAME.match(name):
-        return name
-    return None
+SMALL = 64 * 1024  # up to this size a file is read whole in one call and hashed inline (batches)
+_BATCH = 512  # small files per pool task
+_REC = struct.Struct("=QqI")  # ino, mtime_ns, folder index; the name's bytes follow (device: per folder)
+RECHECK_AFTER_S = 3.0  # a plan applied later than this after the scan re-hashes both copies first
 
 
 @dataclass(frozen=True)
-class DupeGroup:
-    """Files with identical content. `paths` sorted, the first is the one a plan keeps."""
+class Copy:
+    """One path of a duplicate as the scan saw it: what `apply_plan` compares against right before acting."""
 
+    path: str
+    dev: int
+    ino: int
     size: int
-    paths: list[str]
-    reclaimable_bytes: int  # size x (distinct inodes - 1); hard links already share their bytes
-    digest: str  # "blake3:<hex>" or "sha256:<hex>" of the whole content
-    inodes: list[list[str]]  # paths grouped by inode (hard links together), same order as `paths`
+    mtime_ns: int
+
+
+class DupeGroup:
+    """Files with identical content, one list of paths per inode (hard links together), sorted.
+
+    Held as the scan's packed records and turned into `Copy` objects only when asked: 20k groups of
+    dataclasses cost more memory than the whole scan (docs/storage_benchmark.md).
+    """
+
+    __slots__ = ("_devs", "_dirs", "_recs", "digest", "size")
+
+    def __init__(self, size: int, digest: str, recs: list[list[bytes]], dirs: list[bytes], devs: list[int]) -> None:
+        self.size = size
+        self.digest = digest  # "blake3:<hex>" of the whole content
+        self._recs = recs
+        self._dirs = dirs
+        self._devs = devs
+
+    @property
+    def first(self) -> bytes:
+        return min(_rec_path(self._dirs, r) for ino in self._recs for r in ino)
+
+    @classmethod
+    def of(cls, size: int, digest: str, copies: list[list[Copy]]) -> DupeGroup:
+        """A group made from paths (tests, callers with their own scan)."""
+        dirs: list[bytes] = []
+        devs: list[int] = []
+        recs: list[list[bytes]] = []
+        for ino in copies:
+            recs.append([])
+            for c in ino:
+                d, name = os.path.split(os.fsencode(c.path))
+                dirs.append(d)
+                devs.append(c.dev)
+                recs[-1].append(_REC.pack(c.ino, c.mtime_ns, len(dirs) - 1) + name)
+        return cls(size, digest, recs, dirs, devs)
+
+    @property
+    def copies(self) -> list[list[Copy]]:
+        out = []
+        for ino in self._recs:
+            cs = []
+            for r in ino:
+                i, mtime, d = _REC.unpack_from(r)
+                cs.append(Copy(os.fsdecode(_rec_path(self._dirs, r)), self._devs[d], i, self.size, mtime))
+            cs.sort(key=lambda c: c.path)
+            out.append(cs)
+        out.sort(key=lambda ino: ino[0].path)
+        return out
+
+    @property
+    def inodes(self) -> list[list[str]]:
+        return [[c.path for c in ino] for ino in self.copies]
+
+    @property
+    def paths(self) -> list[str]:
+        return [c.path for ino in self.copies for c in ino]
+
+    @property
+    def reclaimable_bytes(self) -> int:  # size x (distinct inodes - 1); hard links already share their bytes
+        return self.size * (len(self._recs) - 1)
+
+    @property
+    def n_inodes(self) -> int:
+        return len(self._recs)
 
     def to_json(self) -> dict[str, Any]:
+        inodes = self.inodes
         return {
             "size": self.size,
-            "paths": self.paths,
+            "paths": [p for ino in inodes for p in ino],
+            "inodes": inodes,
             "reclaimable_bytes": self.reclaimable_bytes,
             "digest": self.digest,
         }
+
+
+def _rec_path(dirs: list[bytes], rec: bytes) -> bytes:
+    idx: int = _REC.unpack_from(rec)[2]
+    return dirs[idx] + b"/" + rec[_REC.size :]
 
 
 @dataclass(frozen=True)
@@ -64,15 +138,19 @@ class DupesReport:
     bytes_read: int  # what the scan actually read from disk
     candidates_after_size: int
     candidates_after_head_tail: int
-    hf_blobs_by_name: int  # files whose hash came from their Hugging Face blob name
     unreadable_dirs: list[str]
     unreadable_files: list[str]
-    changed_files: list[str]  # modified while hashed: reported, never grouped
-    symlinks_skipped: int
+    changed_files: list[str]  # modified between listing and hashing, or while hashed: reported, never grouped
+    symlinks: list[str] = field(default_factory=list)  # symlinks met (not followed); their targets are protected
+    scanned_at: float = 0.0  # time.monotonic() when the last file was hashed
 
     @property
     def reclaimable_bytes(self) -> int:
         return sum(g.reclaimable_bytes for g in self.groups)
+
+    @property
+    def symlinks_skipped(self) -> int:
+        return len(self.symlinks)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -84,7 +162,6 @@ class DupesReport:
             "bytes_read": self.bytes_read,
             "candidates_after_size": self.candidates_after_size,
             "candidates_after_head_tail": self.candidates_after_head_tail,
-            "hf_blobs_by_name": self.hf_blobs_by_name,
             "unreadable_dirs": self.unreadable_dirs,
             "unreadable_files": self.unreadable_files,
             "changed_files": self.changed_files,
@@ -92,47 +169,297 @@ class DupesReport:
         }
 
 
-@dataclass
-class _Inode:
-    """One stored file: all its hard-linked paths."""
-
-    entry: FileEntry
-    paths: list[str] = field(default_factory=list)
-    hf_sha256: str | None = None
-
-
-# A worker's outcome: (digest, bytes read) or the kind of failure. Tallied in the calling thread.
-_Outcome = tuple[str, int] | Literal["changed", "unreadable"]
+# ---------------------------------------------------------------------------------------------------------
+# Scan: os.scandir over bytes paths, one lstat per entry, one packed record per regular file.
 
 
 @dataclass
-class _Tally:
+class _Scan:
+    dirs: list[bytes] = field(default_factory=list)
+    devs: list[int] = field(default_factory=list)  # per entry of `dirs`
+    by_size: dict[int, list[bytes]] = field(default_factory=lambda: defaultdict(list))
+    files: int = 0
+    total_bytes: int = 0
+    unreadable_dirs: list[str] = field(default_factory=list)
+    symlinks: list[str] = field(default_factory=list)
+
+    def path(self, rec: bytes) -> bytes:
+        return _rec_path(self.dirs, rec)
+
+
+def _distinct_roots(roots: Sequence[str | os.PathLike[str]]) -> list[bytes]:
+    """Absolute roots as bytes; a root inside another one (after resolving symlinks) is scanned once."""
+    out: list[tuple[bytes, bytes]] = []
+    for r in roots:
+        absolute = os.fsencode(os.path.abspath(os.fspath(r)))
+        real = os.path.realpath(absolute)
+        out.append((real, absolute))
+    out.sort(key=lambda x: len(x[0]))
+    kept: list[tuple[bytes, bytes]] = []
+    for real, absolute in out:
+        if any(real == k or real.startswith(k.rstrip(b"/") + b"/") for k, _ in kept):
+            continue
+        kept.append((real, absolute))
+    return [a for _, a in kept]
+
+
+def _scan(roots: list[bytes], min_size: int, progress: Progress | None) -> _Scan:
+    sc = _Scan()
+    pack = _REC.pack
+    by_size = sc.by_size
+    for root in roots:
+        try:
+            st = os.lstat(root)
+        except OSError:
+            sc.unreadable_dirs.append(os.fsdecode(root))
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            # a root given as a link to a folder (/data -> /mnt/nvme/data) is scanned; a link to a file is not
+            # a file to act on (acting would replace the link), so it only protects its target
+            try:
+                is_dir = stat.S_ISDIR(os.stat(root).st_mode)
+            except OSError:
+                is_dir = False
+            if not is_dir:
+                sc.symlinks.append(os.fsdecode(root))
+                continue
+        elif stat.S_ISREG(st.st_mode):
+            sc.files += 1
+            sc.total_bytes += st.st_size
+            if st.st_size >= min_size:
+                d, name = os.path.split(root)
+                sc.dirs.append(d)
+                sc.devs.append(st.st_dev)
+                by_size[st.st_size].append(pack(st.st_ino, st.st_mtime_ns, len(sc.dirs) - 1) + name)
+            continue
+        stack = [root]
+        while stack:
+            folder = stack.pop()
+            try:
+                it = os.scandir(folder)
+            except OSError:
+                sc.unreadable_dirs.append(os.fsdecode(folder))
+                continue
+            idx = len(sc.dirs)
+            sc.dirs.append(folder)
+            dev = -1
+            sc.devs.append(dev)
+            with it:
+                for entry in it:
+                    try:
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(entry.path)
+                            continue
+                        if entry.is_symlink():
+                            sc.symlinks.append(os.fsdecode(entry.path))
+                            continue
+                        est = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue  # vanished between listing and stat
+                    if not stat.S_ISREG(est.st_mode):
+                        continue  # fifos, sockets, devices are never opened
+                    size = est.st_size
+                    sc.files += 1
+                    sc.total_bytes += size
+                    if size >= min_size:
+                        if est.st_dev != dev:
+                            if dev == -1:  # the folder's device is that of its first file
+                                dev = sc.devs[idx] = est.st_dev
+                            else:  # a file bind-mounted from elsewhere: a folder entry of its own
+                                sc.dirs.append(folder)
+                                sc.devs.append(est.st_dev)
+                                by_size[size].append(pack(est.st_ino, est.st_mtime_ns, len(sc.dirs) - 1) + entry.name)
+                                continue
+                        by_size[size].append(pack(est.st_ino, est.st_mtime_ns, idx) + entry.name)
+            if progress is not None:
+                progress("listing", sc.files, 0)
+    return sc
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Hashing candidates. A worker returns (digest, bytes read), "changed" or "unreadable" per file.
+
+# A file's outcome: its digest (bytes), or why it has none. Bytes read are counted by the caller.
+_CHANGED = "changed"
+_UNREADABLE = "unreadable"
+_Outcome = bytes | str
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@functools.cache
+def _blake3() -> Any:
+    from blake3 import blake3
+
+    return blake3
+
+
+_SmallResult = tuple[list[int | str], dict[int, bytes]]
+
+
+def _hash_small(dirs: list[bytes], batch: list[tuple[int, list[bytes]]]) -> list[_SmallResult]:
+    """Whole small files, one read each, grouped by their bytes; a batch is a list of (size, records).
+
+    Per size group: for each file the index of the first file with the same bytes (itself if none), or why it
+    has none; and the BLAKE3 digest of each content held by two files or more. The bytes themselves are the
+    dict key, so equality is decided by comparing every byte (as jdupes does), not by a digest, and only
+    duplicates are hashed (a digest names the group in the report).
+
+    A file is "changed" unless, after the read, it is still the one the scan listed (size, mtime_ns, inode):
+    one fstat per file is the cheapest proof that the bytes compared are the bytes listed. The loop is
+    inlined on purpose: at ~20 µs a file, a function call per file is a measurable share.
+    """
+    b3 = _blake3()
+    unpack = _REC.unpack_from
+    skip = _REC.size
+    out: list[_SmallResult] = []
+    for size, recs in batch:
+        firsts: list[int | str] = []
+        put = firsts.append
+        seen: dict[bytes, int] = {}
+        counted: dict[int, bytes] = {}
+        for i, rec in enumerate(recs):
+            ino, mtime_ns, idx = unpack(rec)
+            path = dirs[idx] + b"/" + rec[skip:]
+            try:
+                fd = os.open(path, _OPEN_FLAGS)
+            except OSError:
+                put(_UNREADABLE)
+                continue
+            try:
+                data = os.read(fd, size + 1)
+                st = os.fstat(fd)
+            except OSError:
+                put(_UNREADABLE)
+                continue
+            finally:
+                os.close(fd)
+            if st.st_size != size or st.st_mtime_ns != mtime_ns or st.st_ino != ino or len(data) > size:
+                put(_CHANGED)
+                continue
+            if len(data) < size:  # a short read (some network filesystems): the looping reader
+                try:
+                    with open(path, "rb") as fh:
+                        data = fh.read(size + 1)
+                    if len(data) != size or os.stat(path).st_mtime_ns != mtime_ns:
+                        put(_CHANGED)
+                        continue
+                except OSError:
+                    put(_UNREADABLE)
+                    continue
+            j = seen.setdefault(data, i)
+            put(j)
+            if j != i and j not in counted:
+                counted[j] = data
+        out.append((firsts, {j: b3(data, max_threads=1).digest() for j, data in counted.items()}))
+    return out
+
+
+def _partial(path: bytes, size: int, ino: int, mtime_ns: int) -> _Outcome:
+    try:
+        d = head_tail_digest(os.fsdecode(path), size, expect=(size, mtime_ns, ino))
+    except FileChangedError:
+        return _CHANGED
+    except OSError:
+        return _UNREADABLE
+    return bytes.fromhex(d.hexdigest)
+
+
+def _full(path: bytes, size: int, ino: int, mtime_ns: int) -> _Outcome:
+    try:
+        d = hash_file(os.fsdecode(path), "blake3", expect=(size, mtime_ns, ino))
+    except FileChangedError:
+        return _CHANGED
+    except OSError:
+        return _UNREADABLE
+    return bytes.fromhex(d.hexdigest)
+
+
+def _bounded(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], jobs: Iterator[Any], depth: int) -> Iterator[Any]:
+    """(job, fn(job)) in order, at most `depth` jobs in flight (Executor.map submits the whole iterable)."""
+    pending: deque[tuple[Any, Future[Any]]] = deque()
+    for job in jobs:
+        pending.append((job, pool.submit(fn, job)))
+        if len(pending) >= depth:
+            j, fut = pending.popleft()
+            yield j, fut.result()
+    while pending:
+        j, fut = pending.popleft()
+        yield j, fut.result()
+
+
+def _batches(items: list[tuple[int, list[bytes]]], per_batch: int) -> Iterator[list[tuple[int, list[bytes]]]]:
+    batch: list[tuple[int, list[bytes]]] = []
+    count = 0
+    for item in items:
+        batch.append(item)
+        count += len(item[1])
+        if count >= per_batch:
+            yield batch
+            batch, count = [], 0
+    if batch:
+        yield batch
+
+
+@dataclass
+class _Grouper:
+    """Turns outcomes into groups; a record stands for its inode, `links` holds the inode's other names."""
+
+    sc: _Scan
+    links: dict[bytes, list[bytes]]
+    groups: list[DupeGroup] = field(default_factory=list)
     bytes_read: int = 0
     unreadable: list[str] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)
 
-    def add(self, node: _Inode, outcome: _Outcome) -> str | None:
-        if outcome == "changed":
-            self.changed.append(node.entry.path)
-            return None
-        if outcome == "unreadable":
-            self.unreadable.extend(node.paths)
-            return None
-        digest, read = outcome
-        self.bytes_read += read
-        return digest
+    def names(self, rec: bytes) -> list[bytes]:
+        return [rec, *self.links.get(rec, ())]
+
+    def bucket(self, size: int, recs: list[bytes], outcomes: Iterator[_Outcome], read: int) -> dict[bytes, list[bytes]]:
+        buckets: dict[bytes, list[bytes]] = {}
+        for rec in recs:
+            outcome = next(outcomes)
+            if isinstance(outcome, bytes):
+                self.bytes_read += read
+                b = buckets.get(outcome)
+                if b is None:
+                    buckets[outcome] = [rec]
+                else:
+                    b.append(rec)
+            else:
+                bad = self.changed if outcome == _CHANGED else self.unreadable
+                bad.extend(os.fsdecode(self.sc.path(r)) for r in self.names(rec))
+        return buckets
+
+    def settle_small(self, size: int, recs: list[bytes], firsts: list[int | str], digests: dict[int, bytes]) -> None:
+        members: dict[int, list[bytes]] = {}
+        for rec, j in zip(recs, firsts, strict=True):
+            if isinstance(j, str):
+                bad = self.changed if j == _CHANGED else self.unreadable
+                bad.extend(os.fsdecode(self.sc.path(r)) for r in self.names(rec))
+                continue
+            self.bytes_read += size
+            if j in digests:
+                members.setdefault(j, []).append(rec)
+        for j, recs_j in members.items():
+            self.groups.append(self._group(size, "blake3:" + digests[j].hex(), recs_j))
+
+    def emit(self, size: int, buckets: dict[bytes, list[bytes]]) -> None:
+        for digest, recs in buckets.items():
+            if len(recs) > 1:
+                self.groups.append(self._group(size, "blake3:" + digest.hex(), recs))
+
+    def _group(self, size: int, digest: str, recs: list[bytes]) -> DupeGroup:
+        return DupeGroup(size, digest, [self.names(r) for r in recs], self.sc.dirs, self.sc.devs)
 
 
 def find_duplicates(
     roots: Sequence[str | os.PathLike[str]],
     *,
     min_size: int = 1,
-    trust_hf_names: bool = True,
     workers: int | None = None,
     progress: Progress | None = None,
 ) -> DupesReport:
-    """Find groups of identical files under `roots`. Reads head+tail blocks only where sizes collide, and
-    whole files only where heads and tails also agree."""
+    """Find groups of identical files under `roots`; every byte of every candidate is hashed (BLAKE3)."""
     if not roots:
         raise InputError("PATH", "give at least one folder or file to scan")
     for r in roots:
@@ -140,133 +467,149 @@ def find_duplicates(
             raise InputError("PATH", f"{os.fspath(r)!r} does not exist")
     if min_size < 0:
         raise InputError("--min-size", "must be 0 or more")
-    stats = WalkStats()
-    by_size: dict[int, dict[tuple[int, int], _Inode]] = defaultdict(dict)
-    seen_paths: set[str] = set()
-    for entry in walk_files(roots, stats):
-        if entry.size < min_size or entry.path in seen_paths:
-            continue  # overlapping roots list a file once
-        seen_paths.add(entry.path)
-        if progress is not None and stats.files % 1000 == 0:
-            progress("listing", stats.files, 0)
-        inodes = by_size[entry.size]
-        ident = (entry.dev, entry.ino)
-        node = inodes.get(ident)
-        if node is None:
-            sha = hf_blob_sha256(entry.path) if trust_hf_names else None
-            node = inodes[ident] = _Inode(entry, hf_sha256=sha)
-        node.paths.append(entry.path)
+    sc = _scan(_distinct_roots(roots), min_size, progress)
+    # a root that is a link to a file inside another root was merged away above; its target stays protected
+    for r in roots:
+        link = os.path.abspath(os.fspath(r))
+        if os.path.islink(link) and not os.path.isdir(link) and link not in sc.symlinks:
+            sc.symlinks.append(link)
+    n_workers = workers or min(4, os.cpu_count() or 1)
 
-    size_groups = [list(v.values()) for v in by_size.values() if len(v) > 1]
-    tally = _Tally()
-    groups: list[DupeGroup] = []
-    after_size = sum(len(g) for g in size_groups)
-    hf_by_name = 0
-
-    # stage 2: head + tail blocks, only where some file of the size group is not a named HF blob
-    need_partial = [g for g in size_groups if any(n.hf_sha256 is None for n in g)]
-    for g in size_groups:
-        if all(n.hf_sha256 is not None for n in g):
-            hf_by_name += len(g)
-            groups.extend(_groups_from_pairs([(n, f"sha256:{n.hf_sha256}") for n in g]))
-    total_partial = sum(len(g) for g in need_partial)
-    done = 0
-    full_candidates: list[list[_Inode]] = []
-    with ThreadPoolExecutor(max_workers=workers or min(8, (os.cpu_count() or 1) * 2)) as pool:
-        for g in need_partial:
-            outcomes = list(pool.map(_partial, g))
-            done += len(g)
-            if progress is not None:
-                progress("head+tail", done, total_partial)
-            buckets: dict[str, list[_Inode]] = defaultdict(list)
-            for node, outcome in zip(g, outcomes, strict=True):
-                key = tally.add(node, outcome)
-                if key is not None:
-                    buckets[key].append(node)
-            for key, members in buckets.items():
-                if len(members) < 2:
-                    continue
-                if members[0].entry.size <= 2 * BLOCK:  # the head+tail read was the whole file
-                    groups.extend(_groups_from_pairs([(n, f"blake3:{key}") for n in members]))
+    # size groups with at least two inodes; a record stands for its inode, its other names go to `links`
+    links: dict[bytes, list[bytes]] = {}
+    unpack = _REC.unpack_from
+    devs = sc.devs
+    small: list[tuple[int, list[bytes]]] = []
+    large: list[tuple[int, list[bytes]]] = []
+    for size, recs in sc.by_size.items():
+        if len(recs) < 2:
+            continue
+        ids = {(unpack(rec)[0], devs[unpack(rec)[2]]) for rec in recs}  # (inode, device)
+        if len(ids) < 2:
+            continue
+        if len(ids) < len(recs):
+            first: dict[tuple[int, int], bytes] = {}
+            for rec in recs:
+                key = (unpack(rec)[0], devs[unpack(rec)[2]])
+                if key in first:
+                    links.setdefault(first[key], []).append(rec)
                 else:
-                    full_candidates.append(members)
-        after_partial = sum(len(g) for g in full_candidates)
+                    first[key] = rec
+            recs = list(first.values())
+        (small if size <= SMALL else large).append((size, recs))
+    sc.by_size.clear()
+    after_size = sum(len(r) for _, r in small) + sum(len(r) for _, r in large)
+    g = _Grouper(sc, links)
 
-        # stage 3: full hash; sha256 when a named HF blob is in the bucket (its name is its sha256)
-        total_full = sum(n.entry.size for g in full_candidates for n in g if n.hf_sha256 is None)
+    def path_of(rec: bytes, size: int) -> tuple[bytes, int, int, int]:
+        ino, mtime, _i = _REC.unpack_from(rec)
+        return (sc.path(rec), size, ino, mtime)
+
+    total_small = sum(len(r) for _, r in small)
+    done = 0
+    with ThreadPoolExecutor(max_workers=n_workers) as pool:
+        # small files: read whole, inline, in batches of whole size groups
+        hash_small = functools.partial(_hash_small, sc.dirs)
+        for batch, results in _bounded(pool, hash_small, _batches(small, _BATCH), 2 * n_workers):
+            for (size, recs), (firsts, digests) in zip(batch, results, strict=True):
+                g.settle_small(size, recs, firsts, digests)
+                done += len(recs)
+            if progress is not None:
+                progress("hashing small files", done, total_small)
+        small.clear()
+
+        # large files: head+tail blocks first (inline), then the survivors' full hashes in the pool
+        full: list[tuple[int, list[bytes]]] = []
+        for size, recs in large:
+            parts = iter([_partial(*path_of(rec, size)) for rec in recs])
+            buckets = g.bucket(size, recs, parts, 0)
+            g.bytes_read += 2 * BLOCK * len(recs)
+            full.extend((size, members) for members in buckets.values() if len(members) > 1)
+        after_partial = sum(len(m) for _, m in full)
+        total_full = sum(size * len(m) for size, m in full)
         done_bytes = 0
-        for members in full_candidates:
-            algo: Algorithm = "sha256" if any(n.hf_sha256 for n in members) else "blake3"
-            hf_by_name += sum(1 for n in members if n.hf_sha256)
-            outcomes = list(pool.map(functools.partial(_full, algorithm=algo), members))
-            done_bytes += sum(n.entry.size for n in members if n.hf_sha256 is None)
+        flat = ((size, rec) for size, members in full for rec in members)
+        outcomes_by_rec: dict[bytes, _Outcome] = {}
+        for (size, rec), outcome in _bounded(pool, lambda x: _full(*path_of(x[1], x[0])), flat, 2 * n_workers):
+            outcomes_by_rec[rec] = outcome
+            done_bytes += size
             if progress is not None:
                 progress("full hash", done_bytes, total_full)
-            pairs: list[tuple[_Inode, str]] = []
-            for node, outcome in zip(members, outcomes, strict=True):
-                digest = tally.add(node, outcome)
-                if digest is not None:
-                    pairs.append((node, digest))
-            groups.extend(_groups_from_pairs(pairs))
+        for size, members in full:
+            g.emit(size, g.bucket(size, members, iter([outcomes_by_rec[r] for r in members]), size))
 
-    groups.sort(key=lambda g: (-g.reclaimable_bytes, g.paths[0]))
+    g.groups.sort(key=lambda grp: (-grp.reclaimable_bytes, grp.first))
     return DupesReport(
         roots=[os.path.abspath(os.fspath(r)) for r in roots],
-        groups=groups,
-        files_scanned=stats.files,
-        bytes_scanned=stats.bytes,
-        bytes_read=tally.bytes_read,
+        groups=g.groups,
+        files_scanned=sc.files,
+        bytes_scanned=sc.total_bytes,
+        bytes_read=g.bytes_read,
         candidates_after_size=after_size,
         candidates_after_head_tail=after_partial,
-        hf_blobs_by_name=hf_by_name,
-        unreadable_dirs=stats.unreadable_dirs,
-        unreadable_files=sorted(tally.unreadable),
-        changed_files=sorted(tally.changed),
-        symlinks_skipped=stats.symlinks_skipped,
+        unreadable_dirs=sc.unreadable_dirs,
+        unreadable_files=sorted(g.unreadable),
+        changed_files=sorted(g.changed),
+        symlinks=sc.symlinks,
+        scanned_at=time.monotonic(),
     )
 
 
-def _partial(node: _Inode) -> _Outcome:
-    try:
-        d = head_tail_digest(node.entry.path, node.entry.size)
-    except FileChangedError:
-        return "changed"
-    except OSError:
-        return "unreadable"
-    return (d.hexdigest, d.bytes_read)
+# ---------------------------------------------------------------------------------------------------------
+# What must not be removed: Hugging Face cache blobs, git object stores, targets of symlinks.
+
+Protection = Literal["never", "link-only"]
+_HF_REPO_PREFIXES = ("models--", "datasets--", "spaces--")
 
 
-def _full(node: _Inode, algorithm: Algorithm) -> _Outcome:
-    if node.hf_sha256 is not None:
-        return (f"sha256:{node.hf_sha256}", 0)
-    try:
-        d = hash_file(node.entry.path, algorithm)
-    except FileChangedError:
-        return "changed"
-    except OSError:
-        return "unreadable"
-    return (f"{algorithm}:{d.hexdigest}", d.bytes_read)
+def _git_part(parts: list[str]) -> int | None:
+    for i, p in enumerate(parts[:-1]):
+        if p == ".git" or (p.endswith(".git") and p != ".git" and i + 1 < len(parts) and parts[i + 1] == "objects"):
+            return i
+    return None
 
 
-def _groups_from_pairs(pairs: list[tuple[_Inode, str]]) -> list[DupeGroup]:
-    by_digest: dict[str, list[_Inode]] = defaultdict(list)
-    for node, digest in pairs:
-        by_digest[digest].append(node)
-    out: list[DupeGroup] = []
-    for digest, nodes in by_digest.items():
-        if len(nodes) < 2:
-            continue
-        inodes = sorted(sorted(n.paths) for n in nodes)
-        out.append(
-            DupeGroup(
-                size=nodes[0].entry.size,
-                paths=[p for paths in inodes for p in paths],
-                reclaimable_bytes=nodes[0].entry.size * (len(nodes) - 1),
-                digest=digest,
-                inodes=inodes,
+def protection(path: str, symlink_targets: dict[str, int]) -> tuple[Protection, str] | None:
+    """Why `path` may not be removed (and whether it may at least be replaced by a hard link), or None."""
+    parts = path.split("/")
+    g = _git_part(parts)
+    if g is not None:
+        if "objects" in parts[g + 1 : -1]:
+            return (
+                "link-only",
+                "git object store: removing it breaks the repository (`git log` fails); a hard link is what "
+                "`git clone --local` makes, or share objects with `git clone --reference OTHER`",
             )
-        )
-    return out
+        return ("never", "git metadata (.git): never changed")
+    repo = next((i for i, p in enumerate(parts[:-1]) if p.startswith(_HF_REPO_PREFIXES)), None)
+    if repo is not None and repo + 2 <= len(parts) - 1:
+        # huggingface_hub's cache layout: <repo>/blobs/<hash>, <repo>/snapshots/<rev>/..., <repo>/refs/<branch>
+        # (huggingface_hub `file_download.py`, docs "Understand caching")
+        area = parts[repo + 1]
+        if area == "blobs":
+            return (
+                "link-only",
+                "Hugging Face cache blob: snapshot links point at it by name; replaced by a hard link, never removed",
+            )
+        if area == "snapshots":
+            return ("link-only", "Hugging Face cache snapshot file: the cache reads it by this name")
+        return ("never", f"Hugging Face cache {area}/ (branch and revision bookkeeping): never changed")
+    n = symlink_targets.get(path)
+    if n:
+        return ("link-only", f"{n} symlink(s) point at it; removing it would leave them dangling")
+    return None
+
+
+def symlink_targets(links: Sequence[str]) -> dict[str, int]:
+    """Real path -> number of the given symlinks that resolve to it (loops and dangling links resolve to none)."""
+    out: dict[str, int] = defaultdict(int)
+    for link in links:
+        try:
+            target = os.path.realpath(link, strict=True)
+        except (OSError, RuntimeError):
+            continue
+        out[target] += 1
+    return dict(out)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -277,17 +620,38 @@ Action = Literal["remove", "hardlink"]
 
 @dataclass(frozen=True)
 class PlanStep:
+    action: Action
     path: str  # the copy that goes away (removed, or replaced by a hard link to `keep`)
     keep: str
     size: int
-    mtime_ns: int  # as scanned: a file modified since the scan is skipped, never acted on
-    ino: int
+    scanned: Copy  # `path` as the scan saw it
+    kept: Copy  # `keep` as the scan saw it
+    digest: str
+    note: str = ""
+
+    @property
+    def mtime_ns(self) -> int:
+        return self.scanned.mtime_ns
+
+    def to_json(self) -> dict[str, Any]:
+        return {"action": self.action, "path": self.path, "keep": self.keep, "size": self.size, "note": self.note}
+
+
+@dataclass(frozen=True)
+class Protected:
+    path: str
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "reason": self.reason}
 
 
 @dataclass(frozen=True)
 class DedupePlan:
     action: Action
     steps: list[PlanStep]
+    protected: list[Protected]  # files left alone, with why
+    scanned_at: float  # monotonic time of the scan the plan was made from
 
     @property
     def reclaimable_bytes(self) -> int:
@@ -297,7 +661,8 @@ class DedupePlan:
         return {
             "action": self.action,
             "reclaimable_bytes": self.reclaimable_bytes,
-            "steps": [{"path": s.path, "keep": s.keep, "size": s.size} for s in self.steps],
+            "steps": [s.to_json() for s in self.steps],
+            "protected": [p.to_json() for p in self.protected],
         }
 
 
@@ -316,59 +681,178 @@ class ApplyResult:
 
 
 def make_plan(report: DupesReport, action: str) -> DedupePlan:
-    """Keep the first path of each group (sorted); every other inode is removed or hard-linked to it.
-    Extra hard links of an inode that goes away are acted on too, or its bytes would stay on disk."""
+    """Per group keep one inode and remove or hard-link every other one.
+
+    The kept copy is a protected file when the group has one (a Hugging Face blob, a git object, a symlink's
+    target), so the copies acted on are the ordinary ones. A protected file is never removed: under
+    `remove` it is replaced by a hard link to the kept copy instead (snapshot links and `git log` keep
+    working, the bytes are freed all the same); git metadata outside `objects/` is never touched. Extra hard
+    links of an inode that goes away are acted on too, or its bytes would stay on disk.
+    """
     if action not in ("remove", "hardlink"):
         raise InputError("--action", f"{action!r}; allowed: remove, hardlink")
+    targets = symlink_targets(report.symlinks)
     steps: list[PlanStep] = []
+    protected: list[Protected] = []
+    rank = {"never": 0, "link-only": 1, None: 2}
     for g in report.groups:
-        keep = g.inodes[0][0]
-        for paths in g.inodes[1:]:
-            for p in paths:
-                try:
-                    st = os.lstat(p)
-                except OSError:
+        prot = {c.path: protection(c.path, targets) for ino in g.copies for c in ino}
+
+        def order(ino: list[Copy], prot: dict[str, tuple[Protection, str] | None] = prot) -> tuple[int, str]:
+            return (min(rank[p[0] if (p := prot[c.path]) else None] for c in ino), ino[0].path)
+
+        inodes = sorted(g.copies, key=order)
+        kept = inodes[0][0]  # a protected copy when there is one: it stays as it is
+        for ino in inodes[1:]:
+            kinds = {p[0] for c in ino if (p := prot[c.path])}
+            if "never" in kinds:
+                for c in ino:
+                    p = prot[c.path]
+                    protected.append(Protected(c.path, p[1] if p else "a hard link of a file never changed"))
+                continue
+            for c in ino:
+                p = prot[c.path]
+                step_action: Action = action  # type: ignore[assignment]
+                note = ""
+                if p is not None and action == "remove":
+                    step_action, note = "hardlink", p[1]
+                if step_action == "hardlink" and c.dev != kept.dev:
+                    protected.append(
+                        Protected(
+                            c.path,
+                            "on another filesystem than the kept copy: a hard link "
+                            "cannot cross it" + (f"; {p[1]}" if p else ""),
+                        )
+                    )
                     continue
-                steps.append(PlanStep(p, keep, g.size, st.st_mtime_ns, st.st_ino))
-    return DedupePlan(action, steps)  # type: ignore[arg-type]
+                if p is not None and not note:
+                    note = p[1]
+                steps.append(PlanStep(step_action, c.path, kept.path, g.size, c, kept, g.digest, note))
+    return DedupePlan(action, steps, protected, report.scanned_at)  # type: ignore[arg-type]
 
 
-def apply_plan(plan: DedupePlan) -> ApplyResult:
-    """Carry out a plan. Each step re-checks that the file is still the one scanned (inode, size, mtime)
-    and that the kept copy still exists; a hard link is made under a temporary name, then renamed over."""
+Hook = Callable[[PlanStep], None]
+
+
+def _same(st: os.stat_result, c: Copy) -> bool:
+    return stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == (
+        c.dev,
+        c.ino,
+        c.size,
+        c.mtime_ns,
+    )
+
+
+def _content(path: str, c: Copy) -> str | None:
+    try:
+        return "blake3:" + hash_file(path, "blake3", expect=(c.size, c.mtime_ns, c.ino)).hexdigest
+    except OSError:
+        return None
+
+
+def _tmp_name(path: str, tag: str) -> str:
+    folder, name = os.path.split(path)
+    return os.path.join(folder, f".{name[:100]}.gpuready-{tag}-{os.getpid()}-{time.monotonic_ns()}")
+
+
+def apply_plan(
+    plan: DedupePlan,
+    *,
+    recheck_after: float = RECHECK_AFTER_S,
+    clock: Callable[[], float] = time.monotonic,
+    before_step: Hook | None = None,
+    before_commit: Hook | None = None,
+) -> ApplyResult:
+    """Carry out a plan, step by step, each re-checked right before it acts.
+
+    Both copies must still be the files the scan read (device, inode, size, mtime_ns); when the scan is older
+    than `recheck_after` seconds both are also re-hashed in full. A hard link is made under a temporary name
+    in the path's folder and renamed over the path; a removal first renames the path aside, checks the
+    renamed file is still the scanned one, then unlinks it. Anything that changed is skipped and reported.
+    `before_step` / `before_commit` are test hooks: they run after the scan and before the check, and between
+    the check and the rename.
+    """
     done: list[str] = []
     skipped: list[tuple[str, str]] = []
     freed = 0
     for step in plan.steps:
+        if before_step is not None:
+            before_step(step)
         try:
             st = os.lstat(step.path)
-            keep_st = os.stat(step.keep)
         except OSError as exc:
             skipped.append((step.path, f"cannot stat: {exc.strerror or exc}"))
             continue
-        if (st.st_ino, st.st_size, st.st_mtime_ns) != (step.ino, step.size, step.mtime_ns):
-            skipped.append((step.path, "changed since the scan"))
+        try:
+            keep_st = os.lstat(step.keep)
+        except OSError as exc:
+            skipped.append((step.path, f"kept copy {step.keep}: {exc.strerror or exc}"))
             continue
-        if keep_st.st_size != step.size:
-            skipped.append((step.path, f"kept copy {step.keep} changed since the scan"))
-            continue
-        if keep_st.st_ino == st.st_ino and keep_st.st_dev == st.st_dev:
+        if keep_st.st_dev == st.st_dev and keep_st.st_ino == st.st_ino:
             skipped.append((step.path, "already a hard link of the kept copy"))
             continue
+        if not _same(st, step.scanned):
+            skipped.append((step.path, "changed since the scan"))
+            continue
+        if not _same(keep_st, step.kept):
+            skipped.append((step.path, f"kept copy {step.keep} changed since the scan"))
+            continue
+        if clock() - plan.scanned_at > recheck_after:
+            if _content(step.keep, step.kept) != step.digest:
+                skipped.append((step.path, f"kept copy {step.keep} no longer holds the scanned content"))
+                continue
+            if _content(step.path, step.scanned) != step.digest:
+                skipped.append((step.path, "content changed since the scan"))
+                continue
         try:
-            if plan.action == "remove":
-                os.unlink(step.path)
+            if step.action == "hardlink":
+                ok, why = _link_over(step, before_commit)
             else:
-                if keep_st.st_dev != st.st_dev:
-                    skipped.append((step.path, "on another filesystem; a hard link cannot cross it"))
-                    continue
-                tmp = f"{step.path}.gpuready-link-{os.getpid()}"
-                os.link(step.keep, tmp)
-                os.replace(tmp, step.path)
+                ok, why = _remove(step, before_commit)
         except OSError as exc:
-            skipped.append((step.path, exc.strerror or str(exc)))
+            ok, why = False, exc.strerror or str(exc)
+        if not ok:
+            skipped.append((step.path, why))
             continue
         done.append(step.path)
         if st.st_nlink <= 1:  # the last name of that inode: its blocks are free now
             freed += step.size
     return ApplyResult(done, skipped, freed)
+
+
+def _link_over(step: PlanStep, hook: Hook | None) -> tuple[bool, str]:
+    tmp = _tmp_name(step.path, "link")
+    os.link(step.keep, tmp, follow_symlinks=False)
+    try:
+        tst = os.lstat(tmp)
+        if not _same(tst, step.kept):
+            return False, f"kept copy {step.keep} changed while linking"
+        if hook is not None:
+            hook(step)
+        if not _same(os.lstat(step.path), step.scanned):
+            return False, "changed since the scan"
+        os.replace(tmp, step.path)
+        tmp = ""
+    finally:
+        if tmp:
+            os.unlink(tmp)
+    return True, ""
+
+
+def _remove(step: PlanStep, hook: Hook | None) -> tuple[bool, str]:
+    if not _same(os.lstat(step.keep), step.kept):
+        return False, f"kept copy {step.keep} changed since the scan"
+    tmp = _tmp_name(step.path, "rm")
+    if hook is not None:
+        hook(step)
+    os.rename(step.path, tmp)
+    if _same(os.lstat(tmp), step.scanned) and _same(os.lstat(step.keep), step.kept):
+        os.unlink(tmp)
+        return True, ""
+    # put it back: link (never overwrites a file created meanwhile), then drop the aside name
+    try:
+        os.link(tmp, step.path)
+    except OSError:
+        return False, f"changed since the scan; left under {tmp}"
+    os.unlink(tmp)
+    return False, "changed since the scan"

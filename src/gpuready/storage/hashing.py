@@ -51,14 +51,23 @@ def _signature(st: os.stat_result) -> tuple[int, int, int]:
     return (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
-def hash_file(path: str, algorithm: str = "blake3", on_bytes: Callable[[int], None] | None = None) -> Digest:
-    """Hash a whole file; raises FileChangedError if it changed during the read, OSError if unreadable."""
+def hash_file(
+    path: str,
+    algorithm: str = "blake3",
+    on_bytes: Callable[[int], None] | None = None,
+    *,
+    expect: tuple[int, int, int] | None = None,
+) -> Digest:
+    """Hash a whole file; raises FileChangedError if it changed during the read (or, with `expect` =
+    (size, mtime_ns, inode), if it is no longer the file a scan listed), OSError if unreadable."""
     hasher = new_hasher(algorithm)
     buf = bytearray(CHUNK)
     view = memoryview(buf)
     total = 0
     with open(path, "rb", buffering=0) as fh:
         before = _signature(os.fstat(fh.fileno()))
+        if expect is not None and before != expect:
+            raise FileChangedError(f"{path} changed since it was listed")
         # read what was there when opened, never more: a file that keeps growing cannot hold the read forever
         while total < before[0]:
             n = fh.readinto(buf if before[0] - total >= CHUNK else view[: before[0] - total])
@@ -88,13 +97,13 @@ def _read_full(fh: object, size: int, offset: int) -> bytes:
     return b"".join(parts)
 
 
-def head_tail_digest(path: str, size: int, block: int = BLOCK) -> Digest:
+def head_tail_digest(path: str, size: int, block: int = BLOCK, *, expect: tuple[int, int, int] | None = None) -> Digest:
     """BLAKE3 of the first and last `block` bytes (the whole file when it is at most 2 blocks long)."""
     hasher = new_hasher("blake3")
     with open(path, "rb", buffering=0) as fh:
         before = _signature(os.fstat(fh.fileno()))
-        if before[0] != size:
-            raise FileChangedError(f"{path} changed size since it was listed")
+        if before[0] != size or (expect is not None and before != expect):
+            raise FileChangedError(f"{path} changed since it was listed")
         if size <= 2 * block:
             data = _read_full(fh, size, 0)
             read = len(data)

@@ -1,7 +1,19 @@
-"""Manifests: one `<hex>  <path>` line per file, the format `b3sum -c` and `sha256sum -c` accept (with their
-escape rule: a name holding `\\`, newline or carriage return is escaped and its line starts with `\\`;
-BLAKE3-team/BLAKE3 `b3sum/what_does_check_do.md`, coreutils sha256sum(1)), plus a sidecar `FILE.json` with
-the file count and total bytes (BagIt's Payload-Oxum idea), because `-c` alone cannot notice extra files.
+"""Manifests: one `<hex>  <path>` line per file, the format `b3sum -c` and `sha256sum -c` accept, plus a
+sidecar `FILE.json` with the file count and total bytes (BagIt's Payload-Oxum idea), because `-c` alone cannot
+notice extra files.
+
+Names are escaped the way both tools read them: a name holding `\\` or a newline has them written as `\\\\`
+and `\\n` and its line starts with `\\` (BLAKE3-team/BLAKE3 `b3sum/what_does_check_do.md`, coreutils
+sha256sum(1)). A carriage return is written as it is: GNU sha256sum 9.1 writes `\\r`, but
+Debian's b3sum 1.2.0 (bookworm) rejects `\\r` as "Invalid backslash escape" and reads a raw one, while
+sha256sum drops a raw one at the end of a line. So BLAKE3 manifests (for b3sum) keep it raw and SHA-256
+manifests (for sha256sum) escape it (checked with b3sum 1.2.0 and sha256sum 9.1). Reading accepts both.
+Lines are split on `\\n` only (never str.splitlines(), which also splits on \\x0b \\x0c \\x1c \\x85 \\u2028...).
+Names that are not UTF-8 are written as their raw bytes (what sha256sum does) and read back to the same bytes
+(Python's surrogateescape); b3sum 1.2.0 cannot check such names at all ("Unicode replacement character").
+
+A manifest is checked where it lies: paths resolve against the manifest's folder (or an explicit DIR), as
+`b3sum -c` resolves them against the current folder. The sidecar's recorded root is shown, never used.
 """
 
 from __future__ import annotations
@@ -23,11 +35,15 @@ FORMAT = "gpuready-manifest/1"
 ByteProgress = Callable[[int, int], None]  # (bytes done, bytes total)
 
 
-def escape_name(name: str) -> tuple[str, bool]:
-    """The name as b3sum/coreutils write it, and whether the line needs the leading backslash."""
-    if not any(c in name for c in "\\\n\r"):
+def escape_name(name: str, escape_cr: bool = False) -> tuple[str, bool]:
+    """The name as written in a manifest, and whether the line needs the leading backslash. `escape_cr` for
+    sha256 manifests: GNU sha256sum drops a raw carriage return at the end of a line (DOS line endings), so a
+    name ending in one is only read back from `\\r`, the escape sha256sum itself writes."""
+    cr = escape_cr and "\r" in name
+    if "\\" not in name and "\n" not in name and not cr:
         return name, False
-    return name.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r"), True
+    out = name.replace("\\", "\\\\").replace("\n", "\\n")
+    return (out.replace("\r", "\\r") if cr else out), True
 
 
 def unescape_name(text: str) -> str:
@@ -45,15 +61,17 @@ def unescape_name(text: str) -> str:
     return "".join(out)
 
 
-def format_line(hexdigest: str, name: str) -> str:
-    escaped, flagged = escape_name(name)
+def format_line(hexdigest: str, name: str, escape_cr: bool = False) -> str:
+    escaped, flagged = escape_name(name, escape_cr)
     prefix = "\\" if flagged else ""
     return f"{prefix}{hexdigest}  {escaped}\n"
 
 
 def parse_line(line: str) -> tuple[str, str] | None:
-    """(hexdigest, name) from a `b3sum`/`sha256sum` line (text or `*` binary mode); None if malformed."""
-    line = line.rstrip("\n")
+    """(hexdigest, name) from a `b3sum`/`sha256sum` line (text or `*` binary mode); None if malformed.
+    Only the line's own `\\n` terminator is dropped: any other character, `\\r` included, belongs to the name."""
+    if line.endswith("\n"):
+        line = line[:-1]
     flagged = line.startswith("\\")
     if flagged:
         line = line[1:]
@@ -173,6 +191,20 @@ def _hash_entries(
     return run
 
 
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write under a temporary name in the same folder, then rename over; the temporary file never stays."""
+    tmp = Path(os.fspath(path) + ".tmp")
+    try:
+        with tmp.open("wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise InputError("-o", f"cannot write {os.fspath(path)!r}: {exc.strerror or exc}") from None
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
 def _own_files(root: str, manifest: Path) -> frozenset[str]:
     m = os.path.abspath(manifest)
     return frozenset({m, m + ".json", m + ".tmp", m + ".json.tmp"})
@@ -186,6 +218,7 @@ def create_manifest(
     progress: ByteProgress | None = None,
     workers: int | None = None,
     record_root: str | os.PathLike[str] | None = None,
+    exclude_rel: frozenset[str] = frozenset(),
 ) -> ManifestResult:
     """Hash every file under `root` into `output` (+ `output.json`), paths relative to `root`, sorted.
     `record_root` is the root written in the sidecar (default `root`): `sync` records the destination."""
@@ -200,29 +233,26 @@ def create_manifest(
         raise InputError("--algo", f"{algorithm!r}; allowed: {', '.join(ALGORITHMS)}")
     algo: Algorithm = algorithm if algorithm is not None else algorithm_from_name(out)
     stats = WalkStats()
-    entries = list(
-        walk_files([root_path], stats, follow_symlinks_in_tree=True, exclude=_own_files(str(root_path), out))
-    )
+    own = _own_files(str(root_path), out) | {os.path.join(os.path.abspath(root_path), r) for r in exclude_rel}
+    entries = list(walk_files([root_path], stats, follow_symlinks_in_tree=True, exclude=own))
     run = _hash_entries(entries, algo, progress, workers)
     sizes = {e.rel: e.size for e in entries if e.rel in run.digests}
-    tmp = Path(os.fspath(out) + ".tmp")
-    try:
-        with tmp.open("w", encoding="utf-8", newline="\n") as fh:
-            for rel in sorted(run.digests):
-                fh.write(format_line(run.digests[rel], rel))
-        os.replace(tmp, out)
-        meta = {
-            "format": FORMAT,
-            "algorithm": algo,
-            "root": str(Path(record_root or root_path).resolve()),
-            "files": len(sizes),
-            "total_bytes": sum(sizes.values()),
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "sizes": dict(sorted(sizes.items())),
-        }
-        meta_path(out).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
-    except OSError as exc:
-        raise InputError("-o", f"cannot write {os.fspath(out)!r}: {exc.strerror or exc}") from None
+    meta = {
+        "format": FORMAT,
+        "algorithm": algo,
+        "root": str(Path(record_root or root_path).resolve()),  # information only: verify never uses it
+        "files": len(sizes),
+        "total_bytes": sum(sizes.values()),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "sizes": dict(sorted(sizes.items())),
+    }
+    cr = algo == "sha256"  # sha256sum needs `\\r`, b3sum 1.2.0 refuses it (module docstring)
+    lines = b"".join(
+        format_line(run.digests[rel], rel, cr).encode("utf-8", "surrogateescape") for rel in sorted(run.digests)
+    )
+    # ensure_ascii: a name that is not UTF-8 is kept as a \udcXX escape, read back to the same bytes
+    _write_atomic(out, lines)
+    _write_atomic(meta_path(out), (json.dumps(meta, indent=1, ensure_ascii=True) + "\n").encode("ascii"))
     return ManifestResult(
         manifest=str(out),
         meta=str(meta_path(out)),
@@ -242,27 +272,29 @@ def create_manifest(
 @dataclass(frozen=True)
 class VerifyResult:
     manifest: str
-    root: str
+    root: str  # where the files were read: DIR, else the manifest's folder
+    recorded_root: str | None  # where `manifest create` ran (from the sidecar): information only
     algorithm: str
     expected_files: int
     expected_bytes: int | None  # from the sidecar; None when there is none
     checked: int
     changed: list[str]
     missing: list[str]
-    extra: list[str]
+    extra: list[str]  # files under the root the manifest does not name
     unreadable: list[str]
     changed_during_read: list[str]
     malformed_lines: int
     incomplete_manifest: bool  # line count differs from the sidecar's file count
     bytes_read: int
     seconds: float
+    extra_fails: bool = True  # False for `sync` without --delete: files DEST had before are reported only
 
     @property
     def ok(self) -> bool:
         return not (
             self.changed
             or self.missing
-            or self.extra
+            or (self.extra and self.extra_fails)
             or self.unreadable
             or self.changed_during_read
             or self.malformed_lines
@@ -274,6 +306,7 @@ class VerifyResult:
             "ok": self.ok,
             "manifest": self.manifest,
             "root": self.root,
+            "recorded_root": self.recorded_root,
             "algorithm": self.algorithm,
             "expected_files": self.expected_files,
             "expected_bytes": self.expected_bytes,
@@ -281,6 +314,7 @@ class VerifyResult:
             "changed": self.changed,
             "missing": self.missing,
             "extra": self.extra,
+            "extra_fails": self.extra_fails,
             "unreadable": self.unreadable,
             "changed_during_read": self.changed_during_read,
             "malformed_lines": self.malformed_lines,
@@ -291,19 +325,20 @@ class VerifyResult:
 
 
 def read_manifest(path: str | os.PathLike[str]) -> tuple[dict[str, str], int]:
-    """(name -> hexdigest, number of malformed lines)."""
+    """(name -> hexdigest, number of malformed lines). Lines end at `\\n` only; bytes that are not UTF-8
+    come back as surrogate escapes, the way os.scandir names such files."""
     try:
-        text = Path(path).read_text(encoding="utf-8", errors="surrogateescape")
+        raw = Path(path).read_bytes()
     except FileNotFoundError:
         raise InputError("FILE", f"{os.fspath(path)!r}: no such manifest") from None
     except OSError as exc:
         raise InputError("FILE", f"{os.fspath(path)!r}: {exc.strerror or exc}") from None
     entries: dict[str, str] = {}
     bad = 0
-    for line in text.splitlines():
-        if not line.strip():
+    for raw_line in raw.split(b"\n"):
+        if not raw_line:
             continue
-        parsed = parse_line(line)
+        parsed = parse_line(raw_line.decode("utf-8", "surrogateescape"))
         if parsed is None:
             bad += 1
             continue
@@ -312,11 +347,8 @@ def read_manifest(path: str | os.PathLike[str]) -> tuple[dict[str, str], int]:
 
 
 def default_root(manifest: str | os.PathLike[str]) -> Path:
-    """The sidecar's root when it still exists, else the manifest's folder (where `b3sum -c` would run)."""
-    meta = _read_meta(Path(manifest))
-    if meta and isinstance(meta.get("root"), str) and Path(meta["root"]).is_dir():
-        return Path(meta["root"])
-    return Path(manifest).resolve().parent
+    """The manifest's own folder: a copied tree is checked where it is, never where it was made."""
+    return Path(os.path.abspath(manifest)).parent
 
 
 def verify_manifest(
@@ -326,15 +358,17 @@ def verify_manifest(
     algorithm: str | None = None,
     progress: ByteProgress | None = None,
     workers: int | None = None,
+    extra_fails: bool = True,
 ) -> VerifyResult:
-    """Re-read every file under `root` and compare with the manifest: changed, missing and extra files."""
+    """Re-read every file under `root` and compare with the manifest: changed, missing and extra files.
+    `root` defaults to the manifest's folder; with `extra_fails=False` extra files are listed, not failed."""
     start = time.monotonic()
     expected, bad = read_manifest(manifest)
     algo = algorithm_for(manifest, algorithm)
     meta = _read_meta(Path(manifest)) or {}
     root_path = Path(root) if root is not None else default_root(manifest)
     if not root_path.is_dir():
-        raise InputError("--root", f"{os.fspath(root_path)!r} is not a folder")
+        raise InputError("DIR", f"{os.fspath(root_path)!r} is not a folder")
     stats = WalkStats()
     own = _own_files(str(root_path), Path(manifest))
     present = {e.rel: e for e in walk_files([root_path], stats, follow_symlinks_in_tree=True, exclude=own)}
@@ -349,9 +383,11 @@ def verify_manifest(
     by_size = len(changed)
     changed = sorted(set(changed) | {rel for rel, d in run.digests.items() if d != expected[rel]})
     meta_files = meta.get("files")
+    recorded = meta.get("root")
     return VerifyResult(
         manifest=str(manifest),
         root=str(root_path),
+        recorded_root=recorded if isinstance(recorded, str) else None,
         algorithm=algo,
         expected_files=len(expected),
         expected_bytes=meta.get("total_bytes") if isinstance(meta.get("total_bytes"), int) else None,
@@ -365,4 +401,5 @@ def verify_manifest(
         incomplete_manifest=isinstance(meta_files, int) and meta_files != len(expected),
         bytes_read=run.bytes_read,
         seconds=time.monotonic() - start,
+        extra_fails=extra_fails,
     )

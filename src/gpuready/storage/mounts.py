@@ -4,7 +4,10 @@ Read from /proc/self/mountinfo, not psutil.disk_partitions(): with its default `
 fstypes not marked `nodev` in /proc/filesystems, which drops a container's `overlay` root and `nfs`/`fuse`
 network mounts (giampaolo/psutil `psutil/_pslinux.py`, `disk_partitions`). Rule (reference/storage.md §1e):
 system = the filesystem of `/` and anything on the same device; data = another local block device;
-network = nfs/cifs/fuse/ceph...; memory = tmpfs (counts against RAM, gone at reboot).
+network = nfs/cifs/fuse/ceph...; memory = tmpfs (counts against RAM, gone at reboot), /dev/shm included;
+overlay = an overlay mounted somewhere other than `/` (a container layer: its free space is its own).
+A path is mapped to its mount after resolving symlinks (`/data -> /mnt/nvme/data` lives on /mnt/nvme), and a
+path the user asked about is shown on its own mount even where that mount is plumbing (/dev/shm, /run/...).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from importlib import resources
 from typing import Any, Literal
 
-Kind = Literal["system", "data", "network", "memory", "other", "internal"]
+Kind = Literal["system", "data", "network", "memory", "overlay", "other", "internal"]
 Usage = tuple[int, int, int]  # total, free (for unprivileged users), used; bytes
 UsageFn = Callable[[str], Usage | None]
 
@@ -35,6 +38,7 @@ _NETWORK = frozenset(
     }
 )
 _MEMORY = frozenset({"tmpfs", "ramfs"})
+_SHM = frozenset({"/dev/shm", "/run/shm"})
 # mount points below these hold the OS's plumbing (and containers' /etc/hosts-style file bind mounts)
 _INTERNAL_PREFIXES = ("/proc", "/sys", "/dev", "/run", "/etc", "/usr", "/boot", "/snap", "/var/lib/docker")
 
@@ -100,12 +104,16 @@ def classify(m: Mount, root_device: str | None) -> Kind:
     mp = m.mount_point
     if mp == "/":
         return "system"
+    if m.fstype in _MEMORY and mp in _SHM:
+        return "memory"  # shared memory is where people put data to go fast: never hidden
     if m.fstype in _PSEUDO or any(mp == p or mp.startswith(p + "/") for p in _INTERNAL_PREFIXES):
         return "internal"
     if m.fstype in _NETWORK or m.fstype.startswith("fuse.") or m.fstype == "fuse":
         return "network"
     if m.fstype in _MEMORY:
         return "memory"
+    if m.fstype == "overlay":
+        return "overlay"
     if root_device is not None and m.device == root_device:
         return "system"
     if m.source.startswith("/dev/"):
@@ -238,7 +246,8 @@ class MountMap:
 
 
 def mount_for(mounts: Iterable[MountInfo], path: str) -> MountInfo | None:
-    path = os.path.abspath(path)
+    """The mount holding `path` after resolving symlinks (a link's own mount says nothing about its target)."""
+    path = os.path.realpath(path)
     best: MountInfo | None = None
     for m in mounts:
         mp = m.mount_point
@@ -279,8 +288,6 @@ def mount_map(
     infos: list[MountInfo] = []
     for m in visible.values():
         kind = classify(m, root_dev)
-        if kind == "internal" and not include_internal:
-            continue
         u = usage(m.mount_point)
         plat, layout = layout_by_path.get(m.mount_point, (None, None))
         note = ""
@@ -313,6 +320,8 @@ def mount_map(
     infos = [
         MountInfo(**{**i.__dict__, "holds": holds.get(i.mount_point, [])}) if i.mount_point in holds else i
         for i in infos
+        # plumbing stays hidden unless asked for, or unless it holds a path asked about
+        if include_internal or i.kind != "internal" or i.mount_point in holds
     ]
     # every folder of a recognised layout, including those that are not mounts of their own
     statuses: list[LayoutStatus] = []

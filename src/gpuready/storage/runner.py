@@ -5,6 +5,7 @@ Every call is an argv list (never a shell string) with a timeout. Tests inject a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import threading
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from gpuready.process import end_group, spawn
+from gpuready.process import end_group, sigterm_as_interrupt, spawn, stop_child
 
 LineCallback = Callable[[str], None]
 
@@ -26,14 +27,18 @@ class RunResult:
     stderr: str
     timed_out: bool = False
     seconds: float = 0.0
+    interrupted: bool = False  # Ctrl-C or SIGTERM reached gpuready; the child was stopped
 
 
 class Runner(Protocol):
-    """Runs argv with a timeout; `on_line` receives stdout lines (split on newline and carriage return)."""
+    """Runs argv with a timeout; `on_line` receives stdout lines (split on newline and carriage return).
+    `ours`: the child stays in gpuready's process group and stops when gpuready is interrupted or dies."""
 
     def which(self, name: str) -> str | None: ...
 
-    def run(self, argv: list[str], timeout: float, on_line: LineCallback | None = None) -> RunResult: ...
+    def run(
+        self, argv: list[str], timeout: float, on_line: LineCallback | None = None, *, ours: bool = False
+    ) -> RunResult: ...
 
 
 class SubprocessRunner:
@@ -42,17 +47,26 @@ class SubprocessRunner:
     def which(self, name: str) -> str | None:
         return shutil.which(name)
 
-    def run(self, argv: list[str], timeout: float, on_line: LineCallback | None = None) -> RunResult:
+    def run(
+        self, argv: list[str], timeout: float, on_line: LineCallback | None = None, *, ours: bool = False
+    ) -> RunResult:
+        with sigterm_as_interrupt() if ours else contextlib.nullcontext():
+            return self._run(argv, timeout, on_line, ours)
+
+    def _run(self, argv: list[str], timeout: float, on_line: LineCallback | None, ours: bool) -> RunResult:
         start = time.monotonic()
         try:
-            proc = spawn(argv)
+            proc = spawn(argv, ours=ours)
         except OSError as exc:
             return RunResult(tuple(argv), 127, "", f"{argv[0]}: {exc.strerror or exc}")
         timed_out = threading.Event()
 
         def _kill() -> None:
             timed_out.set()
-            end_group(proc, grace=0)
+            if ours:
+                stop_child(proc, grace=1.0)
+            else:
+                end_group(proc, grace=0)
 
         timer = threading.Timer(timeout, _kill)
         timer.start()
@@ -60,6 +74,7 @@ class SubprocessRunner:
         err_thread = threading.Thread(target=lambda: err_chunks.append(proc.stderr.read() if proc.stderr else b""))
         err_thread.start()
         out_lines: list[str] = []
+        interrupted = False
         try:
             assert proc.stdout is not None
             buf = b""
@@ -77,6 +92,14 @@ class SubprocessRunner:
             if buf:
                 out_lines.append(buf.decode("utf-8", "replace"))
             returncode = proc.wait()
+        except KeyboardInterrupt:
+            # Ctrl-C reached the child too (same group); SIGTERM reached only us: stop it either way
+            interrupted = True
+            if ours:
+                stop_child(proc)
+            else:
+                end_group(proc)
+            returncode = proc.wait()
         finally:
             timer.cancel()
             err_thread.join()
@@ -87,4 +110,5 @@ class SubprocessRunner:
             b"".join(err_chunks).decode("utf-8", "replace"),
             timed_out=timed_out.is_set(),
             seconds=time.monotonic() - start,
+            interrupted=interrupted,
         )

@@ -59,6 +59,13 @@ class SyncResult:
     verify: VerifyResult | None = None
     manifest: str | None = None
     copy_seconds: float = 0.0
+    interrupted: bool = False  # Ctrl-C / SIGTERM: rsync was stopped with gpuready
+    complete_files: int | None = None  # local DEST after an interruption: files already equal (size + mtime)
+    complete_bytes: int | None = None
+    error_line: str = ""  # the copy tool's own error message
+    fix: str = ""  # what to do about that error
+    notes: list[str] = field(default_factory=list)  # what the tool cannot keep (rclone: hard links, holes)
+    to_delete: list[str] = field(default_factory=list)  # --delete without --yes: what would be deleted
 
     @property
     def ok(self) -> bool:
@@ -82,16 +89,34 @@ class SyncResult:
             "verify": self.verify.to_json() if self.verify else None,
             "manifest": self.manifest,
             "copy_seconds": round(self.copy_seconds, 3),
+            "interrupted": self.interrupted,
+            "complete_files": self.complete_files,
+            "complete_bytes": self.complete_bytes,
+            "error_line": self.error_line,
+            "fix": self.fix,
+            "notes": self.notes,
+            "to_delete": self.to_delete,
         }
 
 
-def rsync_argv(src: str, dest: str, *, checksum: bool = False, dry_run: bool = False) -> list[str]:
-    argv = ["rsync", "-a", "--partial", "--info=progress2", "--no-inc-recursive"]
+_EXCLUDES = [f"--exclude=/{MANIFEST_NAME}", f"--exclude=/{MANIFEST_NAME}.json"]
+
+
+def rsync_argv(
+    src: str, dest: str, *, checksum: bool = False, dry_run: bool = False, delete: bool = False, bwlimit: str = ""
+) -> list[str]:
+    """-a plus -H (hard links stay links: without it every name becomes a full copy) and -S (holes of sparse
+    files stay holes), --partial so an interrupted copy resumes (rsync(1))."""
+    argv = ["rsync", "-aHS", "--partial", "--info=progress2", "--no-inc-recursive"]
     if checksum:
         argv.append("--checksum")
     if dry_run:
         argv.append("--dry-run")
-    argv += [f"--exclude=/{MANIFEST_NAME}", f"--exclude=/{MANIFEST_NAME}.json"]
+    if delete:
+        argv.append("--delete")
+    if bwlimit:
+        argv.append(f"--bwlimit={bwlimit}")
+    argv += _EXCLUDES
     return [*argv, src.rstrip("/") + "/", dest.rstrip("/") + "/"]
 
 
@@ -109,6 +134,79 @@ def _tail(res: RunResult) -> str:
     return text[-1] if text else ""
 
 
+# (pattern in the tool's message, the fix): rsync/ssh/rclone messages as they print them
+_CAUSES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (
+        re.compile(
+            r"could not resolve|name or service not known|temporary failure in name resolution|"
+            r"no address associated|nodename nor servname",
+            re.I,
+        ),
+        "the host name does not resolve: check its spelling, an entry in ~/.ssh/config, or use the IP address",
+    ),
+    (
+        re.compile(r"permission denied|operation not permitted|read-only file system", re.I),
+        "permission denied: check that you may write DEST (and read SRC); for ssh, that your key is accepted "
+        "(ssh HOST true)",
+    ),
+    (
+        re.compile(r"no space left on device|disk quota exceeded|file too large", re.I),
+        "DEST is full: free space there (gpuready storage DEST shows the mount and its free space) or copy to "
+        "another disk; run again to resume",
+    ),
+    (
+        re.compile(
+            r"connection refused|connection timed out|connection reset|no route to host|"
+            r"connection closed|broken pipe",
+            re.I,
+        ),
+        "the connection failed: check that the host is up and reachable (ssh HOST true); run again to resume",
+    ),
+)
+
+
+def explain_error(res: RunResult) -> tuple[str, str]:
+    """The tool's own error line (the most specific one it printed) and a fix for its cause."""
+    lines = [ln.strip() for ln in (res.stderr + "\n" + res.stdout).splitlines() if ln.strip()]
+    specific = [ln for ln in lines if ln.startswith(("rsync:", "ssh:", "rsync error:")) or "ERROR" in ln]
+    first = next((ln for ln in specific if not ln.startswith("rsync error:")), "")
+    line = first or (specific[-1] if specific else (lines[-1] if lines else ""))
+    text = "\n".join(lines)
+    for pattern, fix in _CAUSES:
+        if pattern.search(text):
+            return line, fix
+    return line, "run the same command again to resume; rsync keeps what it already copied"
+
+
+def _inside(child: str, parent: str) -> bool:
+    return child == parent or child.startswith(parent.rstrip("/") + "/")
+
+
+def check_not_nested(src: str, dest: str) -> None:
+    """Refuse DEST inside SRC (each run would copy the last copy into itself) and SRC inside DEST (a --delete
+    would remove the source); symlinks resolved, so a link cannot hide it. Nothing is created before this."""
+    s, d = os.path.realpath(src), os.path.realpath(dest)
+    if _inside(d, s):
+        raise InputError("DEST", f"{dest!r} is inside SRC {src!r} (after resolving links); choose a folder outside it")
+    if _inside(s, d):
+        raise InputError("DEST", f"SRC {src!r} is inside DEST {dest!r}; choose a folder that does not contain SRC")
+
+
+def _complete_in_dest(src: str, dest: str) -> tuple[int, int]:
+    """Files of SRC already in DEST with the same size and mtime (what rsync -a's quick check calls done)."""
+    files = done_bytes = 0
+    stats = WalkStats()
+    for e in walk_files([src], stats):
+        try:
+            st = os.lstat(os.path.join(dest, e.rel))
+        except OSError:
+            continue
+        if st.st_size == e.size and st.st_mtime_ns // 10**9 == e.mtime_ns // 10**9:
+            files += 1
+            done_bytes += e.size
+    return files, done_bytes
+
+
 def sync(
     src: str,
     dest: str,
@@ -117,32 +215,71 @@ def sync(
     timeout: float = 24 * 3600,
     checksum: bool = False,
     dry_run: bool = False,
+    delete: bool = False,
+    yes: bool = False,
+    bwlimit: str = "",
     copy_progress: ByteProgress | None = None,
     verify_progress: ByteProgress | None = None,
 ) -> SyncResult:
     """Copy SRC (a folder) to DEST and verify DEST. Faults (tool missing, copy interrupted, verify failed)
-    come back in the result; only bad input raises."""
+    come back in the result; only bad input raises. `delete` (rsync --delete) removes files of DEST that SRC
+    does not have: without `yes` nothing is copied, and the files it would delete are listed."""
     if not os.path.isdir(src):
         raise InputError("SRC", f"{src!r} is not a folder")
     if timeout <= 0:
         raise InputError("--timeout", "must be a positive number of seconds")
-    stats = WalkStats()
-    for _ in walk_files([src], stats, follow_symlinks_in_tree=True):
-        pass
+    if bwlimit and not re.fullmatch(r"\d+(\.\d+)?[KMGkmg]?", bwlimit):
+        raise InputError("--bwlimit", f"{bwlimit!r}; give a rate such as 500K or 20M (bytes per second)")
     kind = target_kind(dest, runner)
+    if kind == "local":
+        check_not_nested(src, dest)
+    stats = WalkStats()
+    own = frozenset(os.path.join(os.path.abspath(src), n) for n in _OWN_NAMES)
+    for _ in walk_files([src], stats, follow_symlinks_in_tree=True, exclude=own):
+        pass
     tool = "rclone" if kind == "rclone" else "rsync"
     if runner.which(tool) is None:
         raise GpureadyError(f"{tool} is not installed; install it (apt-get install {tool}) and run again")
+    notes: list[str] = []
     if kind == "rclone":
+        notes.append(
+            "rclone copies each hard-linked name as a full copy and writes sparse files' holes as zeros "
+            "(it has no -H/-S); rsync keeps both"
+        )
+        if delete:
+            raise InputError("--delete", "is for rsync targets; with rclone use `rclone sync` yourself")
         argv = ["rclone", "copy", src, dest]
         if dry_run:
             argv.append("--dry-run")
-        res = runner.run(argv, timeout=timeout)
+        res = runner.run(argv, timeout=timeout, ours=True)
     else:
+        to_delete: list[str] = []
+        if delete and not yes and not dry_run:
+            listing = rsync_argv(src, dest, dry_run=True, delete=True)
+            listing.insert(1, "--itemize-changes")
+            probe = runner.run(listing, timeout=timeout) if kind != "local" or os.path.isdir(dest) else None
+            if probe is not None:
+                # itemized deletions: "*deleting" padded to the 11-column %i field, a space, the name
+                to_delete = [ln[12:] for ln in probe.stdout.split("\n") if ln.startswith("*deleting ")]
+            return SyncResult(
+                src=os.path.abspath(src),
+                dest=dest if kind != "local" else os.path.abspath(dest),
+                target=kind,
+                tool=tool,
+                argv=listing,
+                copied=False,
+                returncode=0,
+                verified=False,
+                message=f"--delete would delete {len(to_delete)} file(s) in DEST that SRC does not have; "
+                "nothing changed; add --yes to copy and delete",
+                source_files=stats.files,
+                source_bytes=stats.bytes,
+                to_delete=to_delete,
+            )
         if kind == "local" and not dry_run:
             os.makedirs(dest, exist_ok=True)
-        argv = rsync_argv(src, dest, checksum=checksum, dry_run=dry_run)
-        res = runner.run(argv, timeout=timeout, on_line=_progress_parser(stats.bytes, copy_progress))
+        argv = rsync_argv(src, dest, checksum=checksum, dry_run=dry_run, delete=delete, bwlimit=bwlimit)
+        res = runner.run(argv, timeout=timeout, on_line=_progress_parser(stats.bytes, copy_progress), ours=True)
     base = SyncResult(
         src=os.path.abspath(src),
         dest=dest if kind != "local" else os.path.abspath(dest),
@@ -156,28 +293,60 @@ def sync(
         source_files=stats.files,
         source_bytes=stats.bytes,
         copy_seconds=res.seconds,
+        notes=notes,
+        interrupted=res.interrupted,
     )
+    if res.interrupted:
+        done = _complete_in_dest(src, dest) if kind == "local" and os.path.isdir(dest) else None
+        what = f"{done[0]} of {stats.files} files are complete in DEST" if done else "what reached DEST is unknown"
+        return replace(
+            base,
+            complete_files=done[0] if done else None,
+            complete_bytes=done[1] if done else None,
+            message=f"interrupted; {tool} stopped; {what}; run the same command again to resume",
+        )
     if res.returncode != 0 or res.timed_out:
-        why = "timed out" if res.timed_out else f"{tool} exited {res.returncode}: {_tail(res)}"
-        return replace(base, message=f"copy incomplete ({why}); run the same command again to resume")
+        line, fix = explain_error(res)
+        why = "timed out" if res.timed_out else f"{tool} exited {res.returncode}"
+        done = _complete_in_dest(src, dest) if kind == "local" and os.path.isdir(dest) else None
+        return replace(
+            base,
+            error_line=line,
+            fix=fix,
+            complete_files=done[0] if done else None,
+            complete_bytes=done[1] if done else None,
+            message=f"copy incomplete ({why}): {line}" if line else f"copy incomplete ({why})",
+        )
     if dry_run:
         return replace(base, message="dry run: nothing copied")
     if kind == "local":
         manifest = os.path.join(dest, MANIFEST_NAME)
-        made = create_manifest(src, manifest, record_root=dest, progress=verify_progress)
-        check = verify_manifest(manifest, dest, progress=verify_progress)
+        # the manifest names what SRC holds (never a manifest an earlier hop left in SRC); DEST is read
+        # against it, so files DEST already had are listed as extra and fail only with --delete
+        made = create_manifest(
+            src, manifest, record_root=dest, progress=verify_progress, exclude_rel=frozenset(_OWN_NAMES)
+        )
+        check = verify_manifest(manifest, dest, progress=verify_progress, extra_fails=delete)
         problems = made.changed_files + made.unreadable_files
         ok = check.ok and not problems
         if ok:
             msg = f"copied and verified {check.checked} files"
+            if check.extra:
+                msg += f"; {len(check.extra)} file(s) in DEST are not from SRC (kept, listed)"
         elif problems:
             msg = f"source files changed or unreadable while hashed: {', '.join(problems[:5])}"
         else:
-            msg = "verification failed; run again with --checksum to re-copy files whose size and time match"
+            msg = (
+                "verification failed: DEST differs from SRC; run again with --checksum to re-copy every file "
+                "whose content differs"
+            )
         return replace(base, copied=True, verified=ok, message=msg, verify=check, manifest=manifest)
     diffs = _remote_differences(kind, src, dest, runner, timeout)
     msg = "copied and verified" if not diffs else f"{len(diffs)} path(s) differ after the copy"
     return replace(base, copied=True, verified=not diffs, message=msg, differences=diffs)
+
+
+_OWN_NAMES = (MANIFEST_NAME, f"{MANIFEST_NAME}.json")
 
 
 def _remote_differences(kind: Target, src: str, dest: str, runner: Runner, timeout: float) -> list[str]:
@@ -188,8 +357,8 @@ def _remote_differences(kind: Target, src: str, dest: str, runner: Runner, timeo
         if res.returncode != 0 and not diffs:
             diffs = [f"(rclone check exited {res.returncode}: {_tail(res)})"]
         return diffs
-    argv = ["rsync", "-a", "--checksum", "--dry-run", "--itemize-changes", "--out-format=%i %n"]
-    argv += [f"--exclude=/{MANIFEST_NAME}", src.rstrip("/") + "/", dest.rstrip("/") + "/"]
+    argv = ["rsync", "-aHS", "--checksum", "--dry-run", "--itemize-changes", "--out-format=%i %n"]
+    argv += [*_EXCLUDES, src.rstrip("/") + "/", dest.rstrip("/") + "/"]
     res = runner.run(argv, timeout=timeout)
     if res.returncode != 0:
         return [f"(rsync verify exited {res.returncode}: {_tail(res)})"]
