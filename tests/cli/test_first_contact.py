@@ -410,3 +410,12 @@ def test_a_bug_is_one_line_and_debug_shows_the_traceback(
     assert err.startswith("gpuready: internal error: ZeroDivisionError") and "--debug" in err
     with pytest.raises(ZeroDivisionError):
         main(["models", "--json", "--debug"])
+
+
+def test_progress_counts_files_as_files_not_bytes() -> None:
+    """A dupes scan's file count was labelled "6/6 bytes"; the counting stages now say files."""
+    from gpuready.cli.storage import progress_amount
+
+    assert progress_amount("listing", 6, 6) == "6/6 files"
+    assert progress_amount("hashing small files", 1200, 20000) == "1,200/20,000 files"
+    assert progress_amount("full hash", 1_500_000, 3_000_000) == "1.5 MB/3.0 MB"

@@ -67,6 +67,19 @@ def _console() -> Any:
     return Console()
 
 
+# stages that count files, not bytes (storage/dupes.py): labelled as files, never as "6/6 bytes"
+_FILE_STAGES = ("listing", "hashing small files")
+
+
+def progress_amount(stage: str, done: int, total: int) -> str:
+    """What a progress bar shows after the bar: files for the counting stages, bytes for the others."""
+    from rich.filesize import decimal
+
+    if stage in _FILE_STAGES:
+        return f"{done:,}/{total:,} files" if total else f"{done:,} files"
+    return f"{decimal(done)}/{decimal(total)}" if total else decimal(done)
+
+
 @contextlib.contextmanager
 def _progress(enabled: bool) -> Iterator[Callable[[str, int, int], None]]:
     """A stage-aware progress callback drawing rich bars on stderr; a no-op under --json."""
@@ -74,22 +87,22 @@ def _progress(enabled: bool) -> Iterator[Callable[[str, int, int], None]]:
         yield lambda stage, done, total: None
         return
     from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+    from rich.progress import BarColumn, Progress, TextColumn
 
     tasks: dict[str, Any] = {}
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
+        TextColumn("{task.fields[amount]}"),
         console=Console(stderr=True),
         transient=True,
     ) as bar:
 
         def update(stage: str, done: int, total: int) -> None:
+            amount = progress_amount(stage, done, total)
             if stage not in tasks:
-                tasks[stage] = bar.add_task(stage, total=total or None)
-            bar.update(tasks[stage], completed=done, total=total or None)
+                tasks[stage] = bar.add_task(stage, total=total or None, amount=amount)
+            bar.update(tasks[stage], completed=done, total=total or None, amount=amount)
 
         yield update
 
