@@ -66,7 +66,9 @@ def attention_backend(spec: ModelSpec, w: Workload, dt: Dtypes, seq: int) -> tup
     """The kernel CUDA's SDPA dispatcher would pick for this job, and whether a mask tensor is built."""
     if w.attn == "eager":
         return "eager", True
-    mask = bool(spec.sliding_window and seq > spec.sliding_window)
+    # transformers builds the mask once the sequence reaches the window (masking_utils._ignore_causal_mask_sdpa:
+    # `kv_length < local_attention_size` to skip it); with a mask it repeats K/V (sdpa_attention.use_gqa_in_sdpa)
+    mask = bool(spec.sliding_window and seq >= spec.sliding_window)
     gqa = spec.kv_heads < spec.heads and not spec.mla
     half = dt.act == 2
     if w.attn == "flash":
@@ -690,7 +692,10 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
             drop(t)
             t3 = tmp(scores * e)
             drop(t2)
+            up = tmp(scores * 4) if softmax_upcast_copy(ctx) else 0  # softmax's fp32 copy of a bf16 input
             save(scores * 4, scores * 4)
+            if up:
+                drop(up)
             drop(t3)
             save(scores * e, scores * e)
             save(T * vq * e)
@@ -818,15 +823,20 @@ def block_nograd(
     kept: list[int] = []
     if cache_kv:  # DynamicCache stores its own copies of the rotated K and of V
         kept = [prog.alloc("kv_cache", T * k_w * e), prog.alloc("kv_cache", T * v_w * e)]
-    if ctx.backend in ("eager", "math"):
-        scores = T * spec.heads * (ctx.w.seq if ctx.w.batch * ctx.w.seq == T else 1)
-        prog.transient("activations", scores * e, scores * 4, scores * e)
-    attn = prog.alloc("activations", T * out_w * e)
-    prog.transient("activations", T * spec.heads * 4)  # the kernel's log-sum-exp
+    probs = 0
+    if ctx.backend == "eager":
+        attn, probs = _eager_nograd(prog, ctx, q_w, k_w, v_w, out_w)
+    else:
+        if ctx.backend == "math":
+            scores = T * spec.heads * (ctx.w.seq if ctx.w.batch * ctx.w.seq == T else 1)
+            prog.transient("activations", scores * e, scores * 4, scores * e)
+        attn = prog.alloc("activations", T * out_w * e)
+        prog.transient("activations", T * spec.heads * 4)  # the kernel's log-sum-exp
     prog.free(k2)
     prog.free(v)
     o = prog.alloc("activations", T * h * e)
     prog.free(attn)
+    prog.free(probs)
     prog.free(q2)
     prog.free(normed)
     x2 = prog.alloc("activations", T * h * r)
@@ -849,6 +859,56 @@ def block_nograd(
     if not keep_input:
         prog.free(x)  # the caller's loop variable holds the layer's input until the layer returns
     return x3, kept
+
+
+def softmax_upcast_copy(ctx: Ctx) -> bool:
+    """`softmax(x, dim, dtype=torch.float32)` on a bf16 input first makes an fp32 copy of it and then the fp32
+    output; only fp16 on CUDA takes the fused half-to-float kernel (aten/src/ATen/native/SoftMax.cpp, `softmax`:
+    `input_.is_cuda() && input_.scalar_type() == ScalarType::Half && dtype == ScalarType::Float`). Under bf16
+    autocast the cast to fp32 is autocast's (softmax is on its fp32 list): the same copy."""
+    return ctx.w.precision in ("bf16", "mixed")
+
+
+def eager_mask(prog: Program, ctx: Ctx, batch: int, seq: int) -> int:
+    """The float mask eager attention adds to its scores, built once per forward (transformers masking_utils
+    `eager_mask`: the causal boolean [1, 1, S, S], expanded to the batch, then torch.where(mask, 0, min) in the
+    model's dtype: [B, 1, S, S]). Returns its handle (0 for the SDPA kernels, which take is_causal)."""
+    if ctx.backend != "eager":
+        return 0
+    causal = prog.alloc("activations", seq * seq)
+    mask = prog.alloc("activations", batch * seq * seq * ctx.dt.param)
+    prog.free(causal)
+    return mask
+
+
+def _eager_nograd(prog: Program, ctx: Ctx, q_w: int, k_w: int, v_w: int, out_w: int) -> tuple[int, int]:
+    """transformers' eager_attention_forward without autograd, in the order it allocates: K and V repeated to
+    every head (repeat_kv), q @ k^T, `* scaling`, `+ mask`, softmax in fp32 (with bf16's upcast copy),
+    `.to(dtype)` (the probabilities, returned as attn_weights and so alive until the attention module returns),
+    probabilities @ v and its transpose(1, 2).contiguous(). Returns the handles of attention's output and of the
+    probabilities."""
+    spec, e, T = ctx.spec, ctx.dt.act, ctx.tokens
+    kv_len = ctx.w.seq if ctx.w.batch * ctx.w.seq == T else 1
+    scores = T * spec.heads * kv_len  # elements: batch * heads * query * key
+    kq = prog.alloc("activations", T * q_w * e) if k_w < q_w else 0
+    vq = prog.alloc("activations", T * out_w * e) if v_w < out_w else 0
+    mm = prog.alloc("activations", scores * e)
+    scaled = prog.alloc("activations", scores * e)
+    prog.free(mm)
+    masked = prog.alloc("activations", scores * e)
+    prog.free(scaled)
+    up = prog.alloc("activations", scores * 4) if softmax_upcast_copy(ctx) else 0
+    sm = prog.alloc("activations", scores * 4)
+    prog.free(up)
+    probs = prog.alloc("activations", scores * e)
+    prog.free(sm)
+    prog.free(masked)
+    av = prog.alloc("activations", T * out_w * e)
+    out = prog.alloc("activations", T * out_w * e)  # transpose(1, 2).contiguous()
+    prog.free(av)
+    prog.free(kq)
+    prog.free(vq)
+    return out, probs
 
 
 def _gpt2_block_nograd(prog: Program, ctx: Ctx, x: int, cache_kv: bool, keep_input: bool) -> tuple[int, list[int]]:
@@ -1193,6 +1253,7 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
         # the model's forward keeps `inputs_embeds` referenced for the whole pass
         embeds = prog.alloc("activations", B * S * h * ctx.dt.resid)
         x = embeds
+        mask = eager_mask(prog, ctx, B, S)
         cache: list[int] = []
         for layer in range(spec.layers):
             x, kv = block_nograd(prog, ctx, x, layer, cache_kv=True, keep_input=layer == 0)
@@ -1204,6 +1265,7 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
         normed = prog.alloc("activations", B * S * h * ctx.dt.resid)
         prog.free(x)
         prog.free(embeds)
+        prog.free(mask)
         if w.new_tokens == 0:
             logits = prog.alloc("logits_and_loss", B * S * V * e)  # every position's logits
             prog.free(normed)

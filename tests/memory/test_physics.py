@@ -1,0 +1,48 @@
+"""The estimator's physics where the H200 showed it wrong (issue 14, item 2): one regression test per class, each
+checked against a hand computation from the code that runs on the GPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuready.memory import estimate
+from gpuready.memory.dtypes import dtypes_for
+from gpuready.memory.lm import attention_backend
+from gpuready.models import resolve_model
+from gpuready.workload import make_workload
+
+GIB = 2**30
+
+
+def est(**fields: object):  # type: ignore[no-untyped-def]
+    return estimate(make_workload(**fields))
+
+
+def test_sliding_window_mask_is_built_once_the_prompt_reaches_the_window() -> None:
+    # transformers skips the mask only while kv_length < sliding_window: mistral's 4096-token prompt has one, so
+    # transformers repeats K/V and fp32 takes the memory-efficient kernel, not the B*H*S^2 math path (measured
+    # +20% when the math path was assumed for mistral-7b fp32 prefill at 4096)
+    def backend(**f: object) -> tuple[str, bool]:
+        w = make_workload(model="mistral-7b", **f)
+        return attention_backend(resolve_model("mistral-7b"), w, dtypes_for(w), w.seq)
+
+    assert backend(seq=4095) == ("flash", False)
+    assert backend(seq=4096) == ("efficient", True)
+    assert backend(seq=4096, precision="fp32") == ("efficient", True)
+    prefill = est(model="mistral-7b", task="infer", batch=1, seq=4096, precision="fp32")
+    scores = 32 * 4096 * 4096 * 4  # one layer's fp32 scores, had the math path been taken
+    assert prefill.breakdown["activations"] < scores
+
+
+def test_eager_prefill_holds_the_bf16_softmax_upcast_copy_at_its_peak() -> None:
+    # eager_attention_forward without autograd: the masked bf16 scores, softmax's fp32 copy of them and its fp32
+    # output are live together (aten softmax with dtype=float32 converts a bf16 input first): 10 bytes per score
+    # (measured: llama-3.2-1b eager, 4 x 4096, -35% when 8 bytes were counted)
+    job = {"model": "llama-3.2-1b", "task": "infer", "batch": 4, "seq": 4096, "attn": "eager"}
+    bf16, fp16 = est(**job), est(**job, precision="fp16")
+    scores = 4 * 32 * 4096 * 4096
+    assert bf16.phase == "prefill"
+    assert bf16.breakdown["activations"] >= scores * 10
+    # fp16 on CUDA takes the fused half-to-float softmax: no copy, and its peak moves to `.to(float16)` (the
+    # masked scores, the fp32 softmax and the fp16 probabilities: 8 bytes per score)
+    assert bf16.peak_allocated_bytes - fp16.peak_allocated_bytes == pytest.approx(scores * 2, rel=0.02)
