@@ -46,3 +46,19 @@ def test_eager_prefill_holds_the_bf16_softmax_upcast_copy_at_its_peak() -> None:
     # fp16 on CUDA takes the fused half-to-float softmax: no copy, and its peak moves to `.to(float16)` (the
     # masked scores, the fp32 softmax and the fp16 probabilities: 8 bytes per score)
     assert bf16.peak_allocated_bytes - fp16.peak_allocated_bytes == pytest.approx(scores * 2, rel=0.02)
+
+
+def test_backward_cublas_workspace_is_made_by_the_first_backward_matmul() -> None:
+    # every recorded history (21 of them, docs/calibration/histories) makes the autograd thread's cuBLAS workspace
+    # after the loss backward, where it can split a freed fp32-logits block (ddp_qwen05: the next step's logits
+    # then need a segment of their own; qwen2.5-0.5b full 8 x 1024 measured 32.52 GiB, 27.90 predicted before)
+    from gpuready.memory.lm import train_program
+
+    w = make_workload(model="qwen2.5-0.5b", batch=8, seq=1024)
+    prog = train_program(resolve_model(w.model), w)
+    order = [prog.categories[h] for h in range(1, len(prog.categories))]
+    workspaces = [i for i, c in enumerate(order) if c == "cublas_workspaces"]
+    assert len(workspaces) == 2
+    assert workspaces[0] < order.index("activations")  # the forward's, before its first matmul
+    assert workspaces[1] == order.index("gradients") + 1  # right after lm_head's weight gradient, its output
+    assert estimate(w).peak_reserved_bytes == pytest.approx(32.52 * GIB, rel=0.005)
