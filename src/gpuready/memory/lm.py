@@ -30,6 +30,7 @@ CUBLAS_WORKSPACE_BYTES = 32 * 1024**2
 # Optimizer steps simulated. The first creates the optimizer states, the second runs with them and sets the
 # peak; the calibration runs made three, and simulating the third changes none of the 35 measured rows.
 STEPS = 2
+FULL_STEPS = False
 
 
 @dataclass(frozen=True)
@@ -778,24 +779,7 @@ def block_nograd(
     width, fan = _mlp_width(spec, layer)
 
     def norm() -> int:
-        # LlamaRMSNorm as it runs: x.to(fp32) (a copy unless already fp32), pow(2), mean, + eps, rsqrt,
-        # x * rsqrt, .to(dtype), weight * y (the order of allocations and frees follows a traced run)
-        x32 = prog.alloc("activations", T * h * 4) if r == 2 else 0
-        sq = prog.alloc("activations", T * h * 4)
-        mean = prog.alloc("activations", T * 4)
-        prog.free(sq)
-        eps = prog.alloc("activations", T * 4)
-        rs = prog.alloc("activations", T * 4)
-        prog.free(eps)
-        y32 = prog.alloc("activations", T * h * 4)
-        prog.free(rs)
-        prog.free(x32)
-        yb = prog.alloc("activations", T * h * r) if r == 2 else 0
-        out = prog.alloc("activations", T * h * r)
-        prog.free(yb)
-        prog.free(y32)
-        prog.free(mean)
-        return out
+        return rms_norm_nograd(prog, T, h, r)
 
     def rope(width: int) -> int:
         # q*cos + rotate_half(q)*sin: the product, -x2, cat, its product with sin, the sum
@@ -813,16 +797,28 @@ def block_nograd(
     if spec.model_type == "gpt2":
         return _gpt2_block_nograd(prog, ctx, x, cache_kv, keep_input)
     normed = norm()
-    q = prog.alloc("activations", T * q_w * e)
-    k = prog.alloc("activations", T * k_w * e)
-    v = prog.alloc("activations", T * v_w * e)
+    # phi-3's fused qkv_proj: q, k and v are views of one output, alive until v is rebound to the cache's copy
+    fused_qkv = any(lin.name.endswith("qkv_proj") for lin in spec.block_linears)
+    if fused_qkv:
+        qkv = prog.alloc("activations", T * (q_w + k_w + v_w) * e)
+        q = k = v = 0
+    else:
+        qkv = 0
+        q = prog.alloc("activations", T * q_w * e)
+        k = prog.alloc("activations", T * k_w * e)
+        v = prog.alloc("activations", T * v_w * e)
     q2 = rope(q_w)
     k2 = rope(k_w)
     prog.free(q)
     prog.free(k)
+    v = v or qkv
     kept: list[int] = []
-    if cache_kv:  # DynamicCache stores its own copies of the rotated K and of V
+    if cache_kv:
+        # DynamicCache stores its own copies of the rotated K and of V and hands those to attention: the layer's
+        # own K and V go at once (the recorded history of gen_llama1b_fp16)
         kept = [prog.alloc("kv_cache", T * k_w * e), prog.alloc("kv_cache", T * v_w * e)]
+        prog.free(k2)
+        prog.free(v)
     probs = 0
     if ctx.backend == "eager":
         attn, probs = _eager_nograd(prog, ctx, q_w, k_w, v_w, out_w)
@@ -831,9 +827,13 @@ def block_nograd(
             scores = T * spec.heads * (ctx.w.seq if ctx.w.batch * ctx.w.seq == T else 1)
             prog.transient("activations", scores * e, scores * 4, scores * e)
         attn = prog.alloc("activations", T * out_w * e)
-        prog.transient("activations", T * spec.heads * 4)  # the kernel's log-sum-exp
-    prog.free(k2)
-    prog.free(v)
+        if not cache_kv:
+            # the kernel's log-sum-exp; in inference the H200's kernel writes none (gen_llama1b_fp16: the attention
+            # output and three tiny philox/stat tensors only)
+            prog.transient("activations", T * spec.heads * 4)
+    if not cache_kv:
+        prog.free(k2)
+        prog.free(v)
     o = prog.alloc("activations", T * h * e)
     prog.free(attn)
     prog.free(probs)
@@ -843,15 +843,25 @@ def block_nograd(
     prog.free(o)
     normed = norm()
     Tm = T * fan
-    gate = prog.alloc("activations", Tm * width * e)
-    act = prog.alloc("activations", Tm * width * e)
-    prog.free(gate)
-    up = prog.alloc("activations", Tm * width * e)
-    prod = prog.alloc("activations", Tm * width * e)
-    prog.free(act)
-    prog.free(up)
-    down = prog.alloc("activations", T * h * e)
-    prog.free(prod)
+    if any(lin.name.endswith("gate_up_proj") for lin in spec.block_linears):
+        # phi-3: gate and up are chunks (views) of one output, alive until the MLP returns; silu(gate), the product
+        fused = prog.alloc("activations", 2 * Tm * width * e)
+        act = prog.alloc("activations", Tm * width * e)
+        prod = prog.alloc("activations", Tm * width * e)
+        prog.free(act)
+        down = prog.alloc("activations", T * h * e)
+        prog.free(prod)
+        prog.free(fused)
+    else:
+        gate = prog.alloc("activations", Tm * width * e)
+        act = prog.alloc("activations", Tm * width * e)
+        prog.free(gate)
+        up = prog.alloc("activations", Tm * width * e)
+        prod = prog.alloc("activations", Tm * width * e)
+        prog.free(act)
+        prog.free(up)
+        down = prog.alloc("activations", T * h * e)
+        prog.free(prod)
     prog.free(normed)
     x3 = prog.alloc("activations", T * h * r)
     prog.free(down)
@@ -867,6 +877,94 @@ def softmax_upcast_copy(ctx: Ctx) -> bool:
     `input_.is_cuda() && input_.scalar_type() == ScalarType::Half && dtype == ScalarType::Float`). Under bf16
     autocast the cast to fp32 is autocast's (softmax is on its fp32 list): the same copy."""
     return ctx.w.precision in ("bf16", "mixed")
+
+
+def rms_norm_nograd(prog: Program, tokens: int, h: int, r: int) -> int:
+    """LlamaRMSNorm without autograd as it runs: x.to(fp32) (a copy unless already fp32), pow(2), mean, + eps,
+    rsqrt, x * rsqrt, .to(dtype), weight * y (the order of a traced run and of the recorded history of
+    gen_llama1b_fp16). Returns the output's handle."""
+    T = tokens
+    x32 = prog.alloc("activations", T * h * 4) if r == 2 else 0
+    sq = prog.alloc("activations", T * h * 4)
+    mean = prog.alloc("activations", T * 4)
+    prog.free(sq)
+    eps = prog.alloc("activations", T * 4)
+    rs = prog.alloc("activations", T * 4)
+    prog.free(eps)
+    y32 = prog.alloc("activations", T * h * 4)
+    prog.free(rs)
+    prog.free(x32)
+    yb = prog.alloc("activations", T * h * r) if r == 2 else 0
+    out = prog.alloc("activations", T * h * r)
+    prog.free(yb)
+    prog.free(y32)
+    prog.free(mean)
+    return out
+
+
+class Sampler:
+    """generate()'s greedy sampling after each forward, as the recorded history of gen_llama1b_fp16 shows it
+    (transformers generation/utils.py `_sample` and logits_process.py): lm_head's output for the last position;
+    its fp32 copy `next_token_logits` (kept until the next step's copy replaces it); the two minimum-length
+    processors the probe's `min_new_tokens` adds, each a `scores.clone()`-sized fp32 tensor, a torch.where
+    result and an int64 vocabulary index, the last result kept until the next step's processors are done."""
+
+    def __init__(self, prog: Program, batch: int, vocab: int, act: int) -> None:
+        self.prog, self.B, self.V, self.e = prog, batch, vocab, act
+        self.logits_copy = 0
+        self.scores = 0
+
+    def step(self) -> None:
+        prog, B, V = self.prog, self.B, self.V
+        out = prog.alloc("logits_and_loss", B * V * self.e)
+        copy = prog.alloc("logits_and_loss", B * V * 4)
+        prog.free(self.logits_copy)
+        self.logits_copy = copy
+        result = 0
+        for _ in range(2):
+            t = prog.alloc("logits_and_loss", B * V * 4)
+            index = prog.alloc("logits_and_loss", V * 8)
+            new = prog.alloc("logits_and_loss", B * V * 4)
+            prog.free(t)
+            prog.free(index)
+            prog.free(result)
+            result = new
+        prog.free(self.scores)
+        self.scores = result
+        prog.free(out)
+
+    def finish(self) -> None:
+        self.prog.free(self.logits_copy)
+        self.prog.free(self.scores)
+
+
+def rotary_tables(prog: Program, ctx: Ctx, batch: int, seq: int, first_matmul: bool) -> list[int]:
+    """The rotary embedding's cos and sin for a forward pass, kept until it ends (LlamaRotaryEmbedding.forward, as
+    the recorded history of gen_llama1b_fp16 shows it): inv_freq @ positions in fp32 (the first matmul of the
+    job, which makes the forward's cuBLAS workspace), cat(freqs, freqs), cos() and sin() times the attention
+    scaling, cast to the model's dtype. Returns the handles of cos and sin (none for GPT-2's learned positions)."""
+    spec = ctx.spec
+    if spec.model_type == "gpt2":
+        if first_matmul:
+            prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
+        return []
+    dim = spec.qk_rope_dim if spec.mla else spec.head_dim
+    n = batch * seq * dim  # elements of cos (or sin)
+    freqs = prog.alloc("activations", n * 2)  # (B, dim/2, S) fp32
+    if first_matmul:
+        prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
+    emb = prog.alloc("activations", n * 4)
+    tables = []
+    for _ in ("cos", "sin"):
+        t = prog.alloc("activations", n * 4)
+        scaled = prog.alloc("activations", n * 4)
+        prog.free(t)
+        tables.append(scaled)
+    out = [prog.alloc("activations", n * ctx.dt.act) for _ in tables]
+    prog.free(freqs)
+    prog.free(emb)
+    prog.free_all(tables)
+    return out
 
 
 def eager_mask(prog: Program, ctx: Ctx, batch: int, seq: int) -> int:
@@ -1247,7 +1345,7 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
     ctx = make_ctx(spec, w)
     prog = Program()
     load_weights(prog, ctx)
-    prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
+    workspace = False
     h, e, B, S, V = spec.hidden, ctx.dt.act, w.batch, w.seq, spec.vocab
     kv_tok = spec.kv_bytes_per_token_per_layer_elems * e // 2  # bytes per K (or V), per token, per layer
 
@@ -1262,6 +1360,8 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
         # the model's forward keeps `inputs_embeds` referenced for the whole pass
         embeds = prog.alloc("activations", B * S * h * ctx.dt.resid)
         x = embeds
+        tables = rotary_tables(prog, ctx, B, S, first_matmul=not workspace)
+        workspace = True
         mask = eager_mask(prog, ctx, B, S)
         cache: list[int] = []
         for layer in range(spec.layers):
@@ -1271,20 +1371,24 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
                 prog.free_all(kv)
                 kv = kv_win
             cache.extend(kv)
-        normed = prog.alloc("activations", B * S * h * ctx.dt.resid)
+        if spec.model_type == "gpt2":
+            normed = prog.alloc("activations", B * S * h * ctx.dt.resid)
+        else:
+            normed = rms_norm_nograd(prog, B * S, h, ctx.dt.resid)
         prog.free(x)
+        # the base model returns: its input embeddings, mask and rotary tables go before lm_head runs
         prog.free(embeds)
         prog.free(mask)
+        prog.free_all(tables)
         if w.new_tokens == 0:
             logits = prog.alloc("logits_and_loss", B * S * V * e)  # every position's logits
             prog.free(normed)
             prog.free(logits)
             prog.free_all(cache)
             continue
-        logits = prog.alloc("logits_and_loss", B * V * e)  # generate asks for the last position only
+        sampler = Sampler(prog, B, V, e)
+        sampler.step()  # generate asks for the last position's logits only
         prog.free(normed)
-        scores = prog.alloc("logits_and_loss", B * V * 4)  # .to(float32, copy=True)
-        prog.free(logits)
         prog.set_phase("decode")
         decode = make_ctx(spec, w.model_copy(update={"seq": 1}))
         # every step grows each layer's K and V by one token (torch.cat makes the longer tensor, then the old one
@@ -1292,7 +1396,7 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
         # activations (batch x width, mostly small-pool) are simulated on the first and the last step
         for step in range(1, w.new_tokens):
             t = S + step
-            full_step = step in (1, w.new_tokens - 1)
+            full_step = FULL_STEPS or step in (1, w.new_tokens - 1)
             x = prog.alloc("activations", B * h * ctx.dt.resid) if full_step else 0
             for layer in range(spec.layers):
                 if full_step:
@@ -1301,9 +1405,8 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
                     old = cache[2 * layer + i]
                     cache[2 * layer + i] = prog.alloc("kv_cache", B * window(t, layer) * kv_tok)
                     prog.free(old)
-            if full_step:
-                prog.transient("logits_and_loss", B * V * e, B * V * 4)
-                prog.free(x)
-        prog.free(scores)
+            prog.free(x)
+            sampler.step()
+        sampler.finish()
         prog.free_all(cache)
     return prog
