@@ -137,7 +137,7 @@ def estimate(
         peak_device_bytes=reserved + overhead,
         phase=phase,
         breakdown=breakdown,
-        assumptions=assumptions(spec, workload, meta_init),
+        assumptions=assumptions(spec, workload, meta_init, gpu_memory_bytes),
         phases=dict(phases),
         largest_request_bytes=largest,
     )
@@ -175,9 +175,15 @@ def needed_for_batch(spec: ModelSpec, w: Workload, batch: int, meta_init: bool =
 def fsdp_meta_init(spec: ModelSpec, w: Workload, gpu_memory_bytes: int | None) -> bool:
     """Whether an FSDP job is taken as initialised on the meta device and loaded shard by shard. The measured
     FSDP2 jobs built the whole model on each GPU and then sharded it (its freed blocks stay in the reserve); a
-    model whose whole weights do not fit the card cannot be built that way, so for it the build is left out."""
-    if w.shard != "fsdp" or w.gpus < 2 or gpu_memory_bytes is None:
+    model whose whole weights do not fit the card cannot be built that way, so for it the build is left out. With
+    no card named, the same test against the largest GPU in the catalog: a model no GPU can hold whole (a 405B
+    model) is taken as initialised on the meta device or loaded on rank 0, not built whole on every GPU."""
+    if w.shard != "fsdp" or w.gpus < 2:
         return False
+    if gpu_memory_bytes is None:
+        from gpuready.catalog.gpus import load_gpus
+
+        gpu_memory_bytes = max(g.usable_bytes for g in load_gpus())
     from gpuready.memory.dtypes import dtypes_for
 
     return spec.params * dtypes_for(w).param + device_overhead_bytes(w) > gpu_memory_bytes
@@ -204,7 +210,9 @@ def largest_batch(
     return lo
 
 
-def assumptions(spec: ModelSpec, w: Workload, meta_init: bool = False) -> list[str]:
+def assumptions(
+    spec: ModelSpec, w: Workload, meta_init: bool = False, gpu_memory_bytes: int | None = None
+) -> list[str]:
     from gpuready.memory.dtypes import dtypes_for
 
     out = [
@@ -252,13 +260,23 @@ def assumptions(spec: ModelSpec, w: Workload, meta_init: bool = False) -> list[s
             f"FSDP2 over {w.gpus} GPUs: parameters, gradients and optimizer states sharded; each layer "
             "gathered for its forward and backward (next one prefetched); the root stays gathered"
         )
-        out.append(
-            "FSDP2 init: the whole model does not fit one GPU, so it is taken as built on the meta device and "
-            "loaded shard by shard"
-            if meta_init
-            else "FSDP2 init: the whole model built on each GPU, then sharded (its freed blocks stay in the reserve); "
-            "initialising on the meta device needs less"
-        )
+        whole = spec.params * dtypes_for(w).param / 2**30
+        if not meta_init:
+            init = (
+                "FSDP2 init: the whole model built on each GPU, then sharded (its freed blocks stay in the "
+                "reserve); initialising on the meta device needs less"
+            )
+        elif gpu_memory_bytes is None:
+            init = (
+                f"FSDP2 init: the whole model ({whole:.1f} GiB of weights) fits no GPU in the catalog, so it is taken "
+                "as initialised on the meta device (or loaded on rank 0 and broadcast), each GPU holding its shard"
+            )
+        else:
+            init = (
+                f"FSDP2 init: the whole model ({whole:.1f} GiB of weights) does not fit one GPU, so it is taken as "
+                "built on the meta device and loaded shard by shard"
+            )
+        out.append(init)
     elif w.shard == "ddp":
         out.append(f"DDP over {w.gpus} GPUs: a full replica per GPU plus gradient buckets (a gradient-sized copy)")
     elif w.gpus > 1:
