@@ -110,3 +110,37 @@ def test_generation_reserve_matches_the_recorded_history(history: str, job: str)
 
     measured = load_history(HISTORIES / history)["peak_reserved_bytes"]
     assert estimate(workload_from_args(job)).peak_reserved_bytes == pytest.approx(measured, rel=0.002)
+
+
+def test_fsdp_without_a_card_does_not_build_a_405b_model_whole_on_every_gpu() -> None:
+    # no GPU holds 756 GiB of bf16 weights: the job is sized as initialised on the meta device (or rank-0 load),
+    # each GPU holding its shard at load (before: about 800 GiB per GPU at load on 8 to 64 GPUs)
+    spec = resolve_model("llama-3.1-405b")
+    for gpus in (8, 64):
+        e = est(model="llama-3.1-405b", gpus=gpus, shard="fsdp")
+        assert e.phases["load"] <= spec.params * 2 / gpus * 1.05
+        assert any("meta device" in a for a in e.assumptions)
+    # a model one GPU can hold is still built whole first, as the measured FSDP2 jobs and the trial do
+    small = est(model="llama-3.1-8b", gpus=2, shard="fsdp", grad_ckpt=True)
+    assert small.phases["load"] >= resolve_model("llama-3.1-8b").params * 2
+
+
+def test_decoding_any_number_of_new_tokens_costs_a_bounded_replay() -> None:
+    import time
+
+    import gpuready.memory.lm as lm
+
+    # up to DECODE_EXACT new tokens every step is replayed, so short generations keep their numbers ...
+    assert lm.decode_lengths(128) == list(range(1, 129))
+    assert lm.decode_lengths(lm.DECODE_EXACT) == list(range(1, lm.DECODE_EXACT + 1))
+    # ... and longer ones add DECODE_COARSE steps of several tokens, ending at the full length
+    long = lm.decode_lengths(10_000_000)
+    assert len(long) == lm.DECODE_EXACT + lm.DECODE_COARSE and long[-1] == 10_000_000
+    assert long == sorted(set(long))
+    # --new-tokens 100000 took 31 s and 740 MB, 10,000,000 ran away; the last step's cache is the full length
+    for new in (100_000, 10_000_000):
+        t0 = time.perf_counter()
+        e = est(model="llama-3.2-1b", task="infer", batch=1, seq=512, new_tokens=new)
+        assert time.perf_counter() - t0 < 10
+        kv = 2 * 16 * (512 + new - 1) * 8 * 64 * 2  # K and V, 16 layers, 8 KV heads of 64, bf16
+        assert e.breakdown["kv_cache"] >= kv

@@ -30,7 +30,11 @@ CUBLAS_WORKSPACE_BYTES = 32 * 1024**2
 # Optimizer steps simulated. The first creates the optimizer states, the second runs with them and sets the
 # peak; the calibration runs made three, and simulating the third changes none of the 35 measured rows.
 STEPS = 2
-FULL_STEPS = False
+# Decode steps replayed one token at a time; the rest of a longer generation is replayed in DECODE_COARSE steps of
+# several tokens each, so any --new-tokens costs at most DECODE_EXACT + DECODE_COARSE steps (docs/estimator.md
+# gives the error against token-by-token replay)
+DECODE_EXACT = 256
+DECODE_COARSE = 128
 
 
 @dataclass(frozen=True)
@@ -1339,6 +1343,16 @@ def _sum_sizes(prog: Program, handles: list[int]) -> int:
     return sum(prog.size_of(h) for h in handles)
 
 
+def decode_lengths(steps: int) -> list[int]:
+    """Tokens added to the cache by the end of each simulated decode step: every step up to DECODE_EXACT, then
+    DECODE_COARSE evenly spaced lengths ending at `steps` (each such step grows the cache by several tokens)."""
+    if steps <= DECODE_EXACT:
+        return list(range(1, steps + 1))
+    rest = steps - DECODE_EXACT
+    coarse = min(rest, DECODE_COARSE)
+    return list(range(1, DECODE_EXACT + 1)) + [DECODE_EXACT + -(-k * rest // coarse) for k in range(1, coarse + 1)]
+
+
 def infer_program(spec: ModelSpec, w: Workload) -> Program:
     """generate() (prefill, then one token per step into a DynamicCache grown by torch.cat), or with
     --new-tokens 0 two plain forward passes with use_cache=True over the prompt."""
@@ -1392,11 +1406,14 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
         prog.set_phase("decode")
         decode = make_ctx(spec, w.model_copy(update={"seq": 1}))
         # every step grows each layer's K and V by one token (torch.cat makes the longer tensor, then the old one
-        # goes): these large-pool allocations drive the allocator, so all of them are replayed; a step's own
-        # activations (batch x width, mostly small-pool) are simulated on the first and the last step
-        for step in range(1, w.new_tokens):
+        # goes): these large-pool allocations drive the allocator, so they are replayed step by step; a step's own
+        # activations (batch x width, mostly small-pool) are simulated on the first and the last step. Past
+        # DECODE_EXACT steps, each simulated step stands for several tokens (the cache grows by as many at once),
+        # so that any --new-tokens costs at most DECODE_EXACT + DECODE_COARSE steps; the last ends at full length
+        steps = decode_lengths(w.new_tokens - 1)
+        for i, step in enumerate(steps):
             t = S + step
-            full_step = FULL_STEPS or step in (1, w.new_tokens - 1)
+            full_step = i in (0, len(steps) - 1)
             x = prog.alloc("activations", B * h * ctx.dt.resid) if full_step else 0
             for layer in range(spec.layers):
                 if full_step:
