@@ -130,3 +130,17 @@ def test_traced_max_batch_uses_the_fit_rule_of_the_arithmetic_mode(tiny: str) ->
     at = trace_estimate(w, gpu_memory_bytes=card)
     assert at.max_batch == 6
     assert at.fits is (needed_bytes(at.peak_reserved_bytes, w, at.largest_request_bytes) <= card)
+
+
+def test_traced_vision_inference_runs_the_probes_no_grad_forwards() -> None:
+    # vision inference was traced as a language model (model(input_ids=...)) and crashed; it now builds in fp32,
+    # converts to bf16 and runs two no_grad forwards, and agrees with the arithmetic mode's live-tensor program
+    pytest.importorskip("torch")
+    pytest.importorskip("torchvision")
+    from gpuready.memory import estimate
+    from gpuready.memory.trace import trace_estimate
+
+    w = make_workload(model="resnet18", task="infer", batch=8, precision="bf16")
+    traced = trace_estimate(w)
+    assert traced.phase == "forward"
+    assert traced.peak_allocated_bytes == pytest.approx(estimate(w).peak_allocated_bytes, rel=0.05)

@@ -421,6 +421,8 @@ def run_trace(w: Workload, decode_steps: int = DECODE_STEPS_TRACED) -> _Job:
             _materialize(torch, model, recorder)
             if w.training:
                 _train(torch, model, w, trace, recorder, vision, cfg)
+            elif vision:
+                model = _infer_vision(torch, model, w, trace)
             else:
                 _infer(torch, model, w, trace, recorder, decode_steps)
     finally:
@@ -469,6 +471,42 @@ def _train(torch: Any, model: Any, w: Workload, trace: Trace, recorder: Any, vis
                     if isinstance(t, torch.Tensor) and (sid := recorder.id_of(t)) is not None:
                         trace.relabel(sid, "optimizer_states")
         opt.zero_grad(set_to_none=True)
+
+
+def _convert(module: Any, dtype: Any) -> None:
+    """`module.to(dtype)` in `Module._apply`'s order (children first, then the module's own floating-point
+    parameters and buffers, each new tensor made before the old one goes), written out because fake parameters
+    cannot be swapped in place."""
+    import torch
+
+    for child in module.children():
+        _convert(child, dtype)
+    for name, p in list(module._parameters.items()):
+        if p is not None and p.is_floating_point():
+            module._parameters[name] = torch.nn.Parameter(p.detach().to(dtype), requires_grad=p.requires_grad)
+            del p
+    for name, b in list(module._buffers.items()):
+        if b is not None and b.is_floating_point():
+            module._buffers[name] = b.to(dtype)
+            del b
+
+
+def _infer_vision(torch: Any, model: Any, w: Workload, trace: Trace) -> Any:
+    """A torchvision classifier as the trial's probe runs it: built in fp32 (left in train mode), converted with
+    `model.to(dtype)` for bf16/fp16, then two forward passes under torch.no_grad()."""
+    if w.precision in ("bf16", "fp16"):
+        _convert(model, getattr(torch, _DTYPES[w.precision]))
+    trace.mark("load", "other")
+    dtype = getattr(torch, _DTYPES[w.precision]) if w.precision in ("bf16", "fp16") else torch.float32
+    x = torch.empty((w.batch, 3, w.image_size, w.image_size), dtype=dtype)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if w.precision == "mixed" else nullcontext()
+    with torch.no_grad():
+        for _ in range(2):
+            trace.mark("forward", "activations")
+            with autocast:
+                out = model(x)
+            del out
+    return model
 
 
 def _infer(torch: Any, model: Any, w: Workload, trace: Trace, recorder: Any, decode_steps: int) -> None:
@@ -672,14 +710,13 @@ def _traced(workload: Workload) -> _Traced:
     rep = _replay(trace)
     reserved = rep.peak_reserved
     spec = resolve_model(workload.model)
-    if spec.model_type == "resnet" and workload.training:
+    if spec.model_type == "resnet":
         # cuDNN's workspaces come from the caching allocator on the GPU, not on CPU: the same cached-workspace
         # term as the arithmetic mode (memory/vision.py)
-        from gpuready.memory.vision import CUDNN_WORKSPACE_PER_LARGEST_MAP, resnet_largest_map_bytes
+        from gpuready.memory.vision import cudnn_workspace_bytes
 
-        workspace = int(CUDNN_WORKSPACE_PER_LARGEST_MAP * resnet_largest_map_bytes(spec, workload))
-        reserved = max(reserved, rep.peak_allocated + workspace)
-        notes.append("cuDNN convolution workspace: one cached segment of about six feature maps (measured)")
+        reserved = max(reserved, rep.peak_allocated + cudnn_workspace_bytes(spec, workload))
+        notes.append("cuDNN convolution workspace: one cached segment of a few feature maps (measured)")
     return _Traced(job, rep, reserved, notes, time.perf_counter() - start, _largest_request(trace))
 
 

@@ -28,6 +28,12 @@ CUDNN_WORKSPACE_PER_LARGEST_MAP = 6.0
 CUDNN_INFER_WORKSPACE_PER_LARGEST_MAP = 1.84
 
 
+def cudnn_workspace_bytes(spec: ModelSpec, w: Workload) -> int:
+    """The cached cuDNN workspace segment a ResNet job holds at its peak (measured coefficients above)."""
+    per_map = CUDNN_WORKSPACE_PER_LARGEST_MAP if w.training else CUDNN_INFER_WORKSPACE_PER_LARGEST_MAP
+    return int(per_map * resnet_largest_map_bytes(spec, w))
+
+
 def resnet_largest_map_bytes(spec: ModelSpec, w: Workload) -> int:
     e = dtypes_for(w).act
     sizes = [
@@ -323,7 +329,7 @@ def _vit_nograd(prog: Program, spec: ModelSpec, w: Workload) -> None:
 def _inference_program(spec: ModelSpec, w: Workload) -> Program:
     prog = Program()
     if spec.model_type == "resnet":
-        prog.cached_outside_bytes = int(CUDNN_INFER_WORKSPACE_PER_LARGEST_MAP * resnet_largest_map_bytes(spec, w))
+        prog.cached_outside_bytes = cudnn_workspace_bytes(spec, w)
     dt = dtypes_for(w)
     _load_for_inference(prog, spec, w)
     prog.set_phase("forward")
@@ -345,7 +351,7 @@ def vision_program(spec: ModelSpec, w: Workload) -> Program:
         return _inference_program(spec, w)
     prog = Program()
     if spec.model_type == "resnet":
-        prog.cached_outside_bytes = int(CUDNN_WORKSPACE_PER_LARGEST_MAP * resnet_largest_map_bytes(spec, w))
+        prog.cached_outside_bytes = cudnn_workspace_bytes(spec, w)
     dt = dtypes_for(w)
     trainable = _weights(prog, spec, w)
     forward = _resnet_forward if spec.model_type == "resnet" else _vit_forward
