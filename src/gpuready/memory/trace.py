@@ -481,14 +481,16 @@ def _convert(module: Any, dtype: Any) -> None:
 
     for child in module.children():
         _convert(child, dtype)
-    for name, p in list(module._parameters.items()):
+    for name in list(module._parameters):
+        p = module._parameters[name]
         if p is not None and p.is_floating_point():
             module._parameters[name] = torch.nn.Parameter(p.detach().to(dtype), requires_grad=p.requires_grad)
-            del p
-    for name, b in list(module._buffers.items()):
+        del p
+    for name in list(module._buffers):
+        b = module._buffers[name]
         if b is not None and b.is_floating_point():
             module._buffers[name] = b.to(dtype)
-            del b
+        del b
 
 
 def _infer_vision(torch: Any, model: Any, w: Workload, trace: Trace) -> Any:
