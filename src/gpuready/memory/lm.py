@@ -1083,6 +1083,28 @@ def block_backward(prog: Program, saved: list[Saved], grads: list[int], accumula
 
 
 # ---------------------------------------------------------------------------------------------- the job
+def final_norm_forward(prog: Program, ctx: Ctx, x: int) -> tuple[list[int], int]:
+    """The model's last RMSNorm under autograd, in the recorded order (ft_qwen3_06b_b8): x.to(fp32) (kept),
+    pow (a temporary), mean, + eps, rsqrt (kept), x * rsqrt (freed once cast), .to(dtype) (kept by the weight's
+    product), weight * y: the output, lm_head's input. The freed temporaries leave the blocks that backward's
+    cuBLAS workspace later takes. In 16 bits the last residual goes here (the norm saved its fp32 copy); in fp32
+    the norm saves the residual itself. Returns the kept handles and the residual's handle if still held (0 if
+    freed)."""
+    T, h, e, r = ctx.tokens, ctx.spec.hidden, ctx.dt.act, ctx.dt.resid
+    kept = [prog.alloc("activations", T * h * 4)] if r == 2 else []
+    prog.free(prog.alloc("activations", T * h * 4))  # pow(2)
+    kept.append(prog.alloc("activations", T * 4))  # mean, then rsqrt: kept
+    scaled = prog.alloc("activations", T * h * 4)
+    if r == 2:
+        kept.append(prog.alloc("activations", T * h * r))
+    kept.append(prog.alloc("activations", T * h * e))
+    prog.free(scaled)
+    if r == 2:
+        prog.free(x)
+        x = 0
+    return kept, x
+
+
 def logits_and_loss_forward(prog: Program, ctx: Ctx) -> list[int]:
     """lm_head output -> .float() -> log_softmax (kept) ; returns handles kept for backward."""
     T, V, e = ctx.tokens, ctx.spec.vocab, ctx.dt.act
@@ -1241,9 +1263,12 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                     per_layer.append(block_forward(prog, ctx, layer, keep=True))
                 if fsdp:
                     fsdp.reshard(layer)
-            final = [prog.alloc("activations", T * h * 4)]  # final norm keeps its fp32 input
-            if ctx.full:
-                final.append(prog.alloc("activations", T * h * e))  # lm_head keeps its input
+            if _recorded_layer_order(ctx, spec.layers - 1) and spec.model_type != "gemma2":
+                final, x = final_norm_forward(prog, ctx, x)
+            else:
+                final = [prog.alloc("activations", T * h * 4)]  # final norm keeps its fp32 input
+                if ctx.full:
+                    final.append(prog.alloc("activations", T * h * e))  # lm_head keeps its input
             kept = logits_and_loss_forward(prog, ctx)
             prog.set_phase("backward")
             g = logits_and_loss_backward(prog, ctx, kept)
