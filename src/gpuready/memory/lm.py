@@ -827,10 +827,24 @@ def block_nograd(
     if ctx.backend == "eager":
         attn, probs = _eager_nograd(prog, ctx, q_w, k_w, v_w, out_w)
     else:
+        math_tmps: list[int] = []
         if ctx.backend == "math":
+            # _scaled_dot_product_attention_math without autograd (aten attention.cpp): q * sqrt(scale), K and V
+            # repeated to every head (enable_gqa), kᵀ * sqrt(scale), the scores (the causal mask added in place),
+            # _safe_softmax's output and its one-byte mask of fully masked entries: 9 bytes per fp32 score at the
+            # peak (llama-3.2-1b fp32 prefill, 2 x 8192 on the H200: 42.76 GiB allocated; 12 bytes gave +27%)
             scores = T * spec.heads * (ctx.w.seq if ctx.w.batch * ctx.w.seq == T else 1)
-            prog.transient("activations", scores * e, scores * 4, scores * e)
+            math_tmps.append(prog.alloc("activations", T * q_w * e))
+            if k_w < q_w:
+                math_tmps += [prog.alloc("activations", T * q_w * e), prog.alloc("activations", T * out_w * e)]
+            ks = prog.alloc("activations", T * q_w * e)
+            att = prog.alloc("activations", scores * e)
+            prog.free(ks)
+            math_tmps.append(prog.alloc("activations", scores * e))
+            prog.transient("activations", scores)
+            prog.free(att)
         attn = prog.alloc("activations", T * out_w * e)
+        prog.free_all(math_tmps)
         if not cache_kv:
             # the kernel's log-sum-exp; in inference the H200's kernel writes none (gen_llama1b_fp16: the attention
             # output and three tiny philox/stat tensors only)
