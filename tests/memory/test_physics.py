@@ -154,3 +154,12 @@ def test_fp32_math_attention_without_grad_holds_two_score_tensors_and_a_byte_mas
     scores = 2 * 32 * 8192 * 8192
     assert 9 * scores <= e.breakdown["activations"] < 10 * scores
     assert e.peak_allocated_bytes == pytest.approx(42.76 * GIB, rel=0.01)
+
+
+def test_ddp_with_checkpointing_frees_the_first_gradient_buffer_before_the_rebuild() -> None:
+    # both ranks of the recorded ddp_qwen15_ckpt history free DDP's first flat gradient buffer just before the
+    # second iteration's buckets are built (measured 22.51 GiB reserved, 18.90 allocated; +15.6% and +15.2% when
+    # it was kept into that backward as on rank 0 of ddp_llama1b)
+    e = estimate(workload_from_args("qwen2.5-1.5b --task train --batch 2 --seq 2048 --grad-ckpt --gpus 2 --shard ddp"))
+    assert e.peak_reserved_bytes == pytest.approx(22.51 * GIB, rel=0.01)
+    assert e.peak_allocated_bytes == pytest.approx(18.90 * GIB, rel=0.01)

@@ -1244,7 +1244,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
     for step in range(STEPS):
         grads: list[int] = []
         if step == 1 and ddp:
-            ddp.rebuild([t.nbytes for t in reversed(trainable)])
+            ddp.rebuild([t.nbytes for t in reversed(trainable)], release_first=w.grad_ckpt)
         for micro in range(min(w.grad_accum, 2)):
             accumulate = micro > 0
             prog.set_phase("forward")
