@@ -796,6 +796,12 @@ def block_nograd(
         out = prog.alloc("activations", T * width * e)
         prog.free(a)
         prog.free(b)
+        if spec.model_type == "phi3":
+            # phi-3's apply_rotary_pos_emb concatenates the rotated part with the pass-through part (empty when
+            # all of the head rotates): one more copy (the recorded history of gen_phi3_b104)
+            whole = prog.alloc("activations", T * width * e)
+            prog.free(out)
+            out = whole
         return out
 
     if spec.model_type == "gpt2":
@@ -815,7 +821,6 @@ def block_nograd(
     k2 = rope(k_w)
     prog.free(q)
     prog.free(k)
-    v = v or qkv
     kept: list[int] = []
     if cache_kv:
         # DynamicCache stores its own copies of the rotated K and of V and hands those to attention: the layer's
@@ -855,6 +860,7 @@ def block_nograd(
     o = prog.alloc("activations", T * h * e)
     prog.free(attn)
     prog.free(probs)
+    prog.free(qkv)  # a fused projection's output is a local of the attention module: it goes when that returns
     prog.free(q2)
     prog.free(normed)
     x2 = prog.alloc("activations", T * h * r)
