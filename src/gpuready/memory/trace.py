@@ -203,6 +203,25 @@ def _cuda_sdpa(torch: Any) -> Callable[..., Any]:
             del accum, softmax_d
             return dq, dk, dv, None
 
+    def _math_nograd(query: Any, key: Any, value: Any) -> Any:
+        """CUDA's _scaled_dot_product_attention_math without autograd, as aten runs it (attention.cpp): q scaled, K
+        and V repeated to every head, kᵀ scaled, the scores (the causal mask added in place), _safe_softmax's
+        output and its one-byte mask, then probabilities @ v. The CPU decomposition allocates differently."""
+        b, h, length, _ = query.shape
+        hk = key.shape[-3]
+        q = torch.empty_like(query)
+        kx = key.new_empty((b, h, key.shape[-2], key.shape[-1])) if hk != h else key
+        vx = value.new_empty((b, h, value.shape[-2], value.shape[-1])) if hk != h else value
+        kt = kx.new_empty(kx.shape)
+        scores = q.new_empty((b, h, length, key.shape[-2]))
+        del kt
+        probs = torch.empty_like(scores)
+        mask = torch.empty(scores.shape, dtype=torch.bool)
+        del mask, scores
+        out = q.new_empty((b, h, length, value.shape[-1]))
+        del probs, q, kx, vx
+        return out
+
     def sdpa(
         query: Any,
         key: Any,
@@ -223,6 +242,8 @@ def _cuda_sdpa(torch: Any) -> Callable[..., Any]:
         half = query.dtype in (torch.float16, torch.bfloat16)
         gqa = enable_gqa and key.shape[-3] != query.shape[-3]
         kernel = cuda_sdpa_kernel(half, query.shape[-1], attn_mask is not None, gqa, fp32=query.dtype == torch.float32)
+        if kernel == "math" and query.dim() == 4 and not torch.is_grad_enabled():
+            return _math_nograd(query, key, value)
         if kernel == "math" or query.dim() != 4:
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
