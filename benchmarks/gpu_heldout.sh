@@ -1,15 +1,26 @@
 #!/usr/bin/env bash
 # On a 2-GPU machine, from the repository root: a held-out set split over two job lists, one per GPU
-# (benchmarks/jobs_NAME_a.txt on GPU 0, jobs_NAME_b.txt on GPU 1), measured by benchmarks/calibrate.py.
-# Writes $OUT/h200_NAME_{a,b}.jsonl and their logs. Used for NAME = heldout3, heldout5, heldout6.
-#     bash benchmarks/gpu_heldout.sh heldout6 $OUT
+# (benchmarks/jobs_NAME_a.txt on GPU 0, jobs_NAME_b.txt on GPU 1), measured by benchmarks/calibrate.py; then, if
+# benchmarks/jobs_NAME_ddp.txt exists, its jobs under torchrun on both GPUs. Jobs marked `history=H` record the
+# caching allocator's history (all of them land in $OUT/histories_NAME.tgz). Writes $OUT/h200_NAME_{a,b,ddp}.jsonl
+# and the logs, and prints one line per job. Used for NAME = heldout3, heldout5, heldout6, heldout7.
+#     bash benchmarks/gpu_heldout.sh heldout7 $OUT
 set -u
 name=$1
-out=${2:-.}
+out=$(cd "${2:-.}" && pwd)
+hist=/tmp/gpuready_hist_$name
+mkdir -p "$hist"
 for half in a b; do
   gpu=0; [ "$half" = b ] && gpu=1
   CUDA_VISIBLE_DEVICES=$gpu python3 benchmarks/calibrate.py "benchmarks/jobs_${name}_${half}.txt" \
-    "$out/h200_${name}_${half}.jsonl" --timeout 240 > "$out/${name}_${half}.log" 2>&1 &
+    "$out/h200_${name}_${half}.jsonl" --timeout 150 --history-dir "$hist" > "$out/${name}_${half}.log" 2>&1 &
 done
 wait
-cat "$out"/h200_"${name}"_*.jsonl
+if [ -f "benchmarks/jobs_${name}_ddp.txt" ]; then
+  CUDA_VISIBLE_DEVICES=0,1 python3 benchmarks/calibrate.py "benchmarks/jobs_${name}_ddp.txt" \
+    "$out/h200_${name}_ddp.jsonl" --timeout 150 --nproc 2 --history-dir "$hist" >> "$out/${name}_b.log" 2>&1
+fi
+if [ -n "$(ls -A "$hist")" ]; then
+  (cd "$hist" && tar czf "$out/histories_${name}.tgz" ./*)
+fi
+cat "$out"/"${name}"_*.log

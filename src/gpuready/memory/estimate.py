@@ -171,7 +171,7 @@ def estimate(
         peak_device_bytes=run.peak_reserved + overhead,
         phase=run.phase,
         breakdown=breakdown,
-        assumptions=assumptions(spec, workload, meta_init),
+        assumptions=assumptions(spec, workload, meta_init, gpu_memory_bytes),
         phases=dict(run.phase_peaks),
         largest_request_bytes=run.largest_request,
     )
@@ -227,9 +227,15 @@ def _live_peak(spec: ModelSpec, w: Workload, meta_init: bool = False) -> tuple[i
 def fsdp_meta_init(spec: ModelSpec, w: Workload, gpu_memory_bytes: int | None) -> bool:
     """Whether an FSDP job is taken as initialised on the meta device and loaded shard by shard. The measured
     FSDP2 jobs built the whole model on each GPU and then sharded it (its freed blocks stay in the reserve); a
-    model whose whole weights do not fit the card cannot be built that way, so for it the build is left out."""
-    if w.shard != "fsdp" or w.gpus < 2 or gpu_memory_bytes is None:
+    model whose whole weights do not fit the card cannot be built that way, so for it the build is left out. With
+    no card named, the same test against the largest GPU in the catalog: a model no GPU can hold whole (a 405B
+    model) is taken as initialised on the meta device or loaded on rank 0, not built whole on every GPU."""
+    if w.shard != "fsdp" or w.gpus < 2:
         return False
+    if gpu_memory_bytes is None:
+        from gpuready.catalog.gpus import load_gpus
+
+        gpu_memory_bytes = max(g.usable_bytes for g in load_gpus())
     from gpuready.memory.dtypes import dtypes_for
 
     return spec.params * dtypes_for(w).param + device_overhead_bytes(w) > gpu_memory_bytes
@@ -269,7 +275,9 @@ def largest_batch(
     return largest_passing(test, 1, limit, start=guess, step=step, check_below=MAX_BATCH_CHECKED).value
 
 
-def assumptions(spec: ModelSpec, w: Workload, meta_init: bool = False) -> list[str]:
+def assumptions(
+    spec: ModelSpec, w: Workload, meta_init: bool = False, gpu_memory_bytes: int | None = None
+) -> list[str]:
     from gpuready.memory.dtypes import dtypes_for
 
     out = [
@@ -317,13 +325,23 @@ def assumptions(spec: ModelSpec, w: Workload, meta_init: bool = False) -> list[s
             f"FSDP2 over {w.gpus} GPUs: parameters, gradients and optimizer states sharded; each layer "
             "gathered for its forward and backward (next one prefetched); the root stays gathered"
         )
-        out.append(
-            "FSDP2 init: the whole model does not fit one GPU, so it is taken as built on the meta device and "
-            "loaded shard by shard"
-            if meta_init
-            else "FSDP2 init: the whole model built on each GPU, then sharded (its freed blocks stay in the reserve); "
-            "initialising on the meta device needs less"
-        )
+        whole = spec.params * dtypes_for(w).param / 2**30
+        if not meta_init:
+            init = (
+                "FSDP2 init: the whole model built on each GPU, then sharded (its freed blocks stay in the "
+                "reserve); initialising on the meta device needs less"
+            )
+        elif gpu_memory_bytes is None:
+            init = (
+                f"FSDP2 init: the whole model ({whole:.1f} GiB of weights) fits no GPU in the catalog, so it is taken "
+                "as initialised on the meta device (or loaded on rank 0 and broadcast), each GPU holding its shard"
+            )
+        else:
+            init = (
+                f"FSDP2 init: the whole model ({whole:.1f} GiB of weights) does not fit one GPU, so it is taken as "
+                "built on the meta device and loaded shard by shard"
+            )
+        out.append(init)
     elif w.shard == "ddp":
         out.append(f"DDP over {w.gpus} GPUs: a full replica per GPU plus gradient buckets (a gradient-sized copy)")
     elif w.gpus > 1:

@@ -30,6 +30,11 @@ CUBLAS_WORKSPACE_BYTES = 32 * 1024**2
 # Optimizer steps simulated. The first creates the optimizer states, the second runs with them and sets the
 # peak; the calibration runs made three, and simulating the third changes none of the 35 measured rows.
 STEPS = 2
+# Decode steps replayed one token at a time; the rest of a longer generation is replayed in DECODE_COARSE steps of
+# several tokens each, so any --new-tokens costs at most DECODE_EXACT + DECODE_COARSE steps (docs/estimator.md
+# gives the error against token-by-token replay)
+DECODE_EXACT = 256
+DECODE_COARSE = 128
 
 
 @dataclass(frozen=True)
@@ -66,7 +71,9 @@ def attention_backend(spec: ModelSpec, w: Workload, dt: Dtypes, seq: int) -> tup
     """The kernel CUDA's SDPA dispatcher would pick for this job, and whether a mask tensor is built."""
     if w.attn == "eager" or spec.attn_sinks:  # gpt-oss: transformers has no SDPA path for attention sinks
         return "eager", True
-    mask = bool(spec.sliding_window and seq > spec.sliding_window)
+    # transformers builds the mask once the sequence reaches the window (masking_utils._ignore_causal_mask_sdpa:
+    # `kv_length < local_attention_size` to skip it); with a mask it repeats K/V (sdpa_attention.use_gqa_in_sdpa)
+    mask = bool(spec.sliding_window and seq >= spec.sliding_window)
     gqa = spec.kv_heads < spec.heads and not spec.mla
     half = dt.act == 2
     if w.attn == "flash":
@@ -700,7 +707,10 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
             drop(t)
             t3 = tmp(scores * e)
             drop(t2)
+            up = tmp(scores * 4) if softmax_upcast_copy(ctx) else 0  # softmax's fp32 copy of a bf16 input
             save(scores * 4, scores * 4)
+            if up:
+                drop(up)
             drop(t3)
             save(scores * e, scores * e)
             save(T * vq * e)
@@ -785,24 +795,7 @@ def block_nograd(
     width, fan = _mlp_width(spec, layer)
 
     def norm() -> int:
-        # LlamaRMSNorm as it runs: x.to(fp32) (a copy unless already fp32), pow(2), mean, + eps, rsqrt,
-        # x * rsqrt, .to(dtype), weight * y (the order of allocations and frees follows a traced run)
-        x32 = prog.alloc("activations", T * h * 4) if r == 2 else 0
-        sq = prog.alloc("activations", T * h * 4)
-        mean = prog.alloc("activations", T * 4)
-        prog.free(sq)
-        eps = prog.alloc("activations", T * 4)
-        rs = prog.alloc("activations", T * 4)
-        prog.free(eps)
-        y32 = prog.alloc("activations", T * h * 4)
-        prog.free(rs)
-        prog.free(x32)
-        yb = prog.alloc("activations", T * h * r) if r == 2 else 0
-        out = prog.alloc("activations", T * h * r)
-        prog.free(yb)
-        prog.free(y32)
-        prog.free(mean)
-        return out
+        return rms_norm_nograd(prog, T, h, r)
 
     def rope(width: int) -> int:
         # q*cos + rotate_half(q)*sin: the product, -x2, cat, its product with sin, the sum
@@ -815,6 +808,12 @@ def block_nograd(
         out = prog.alloc("activations", T * width * e)
         prog.free(a)
         prog.free(b)
+        if spec.model_type == "phi3":
+            # phi-3's apply_rotary_pos_emb concatenates the rotated part with the pass-through part (empty when
+            # all of the head rotates): one more copy (the recorded history of gen_phi3_b104)
+            whole = prog.alloc("activations", T * width * e)
+            prog.free(out)
+            out = whole
         return out
 
     if spec.model_type == "gpt2":
@@ -822,50 +821,95 @@ def block_nograd(
     if spec.model_type == "gpt_neox" and spec.parallel_residual:
         return _neox_block_nograd(prog, ctx, x, cache_kv, keep_input)
     normed = norm()
-    q = prog.alloc("activations", T * q_w * e)
-    k = prog.alloc("activations", T * k_w * e)
-    v = prog.alloc("activations", T * v_w * e)
+    # phi-3's fused qkv_proj: q, k and v are views of one output, alive until v is rebound to the cache's copy
+    fused_qkv = any(lin.name.endswith("qkv_proj") for lin in spec.block_linears)
+    if fused_qkv:
+        qkv = prog.alloc("activations", T * (q_w + k_w + v_w) * e)
+        q = k = v = 0
+    else:
+        qkv = 0
+        q = prog.alloc("activations", T * q_w * e)
+        k = prog.alloc("activations", T * k_w * e)
+        v = prog.alloc("activations", T * v_w * e)
     q2 = rope(q_w)
     k2 = rope(k_w)
     prog.free(q)
     prog.free(k)
     kept: list[int] = []
-    if cache_kv:  # DynamicCache stores its own copies of the rotated K and of V
+    if cache_kv:
+        # DynamicCache stores its own copies of the rotated K and of V and hands those to attention: the layer's
+        # own K and V go at once (the recorded history of gen_llama1b_fp16)
         kept = [prog.alloc("kv_cache", T * k_w * e), prog.alloc("kv_cache", T * v_w * e)]
-    if ctx.backend in ("eager", "math"):
-        scores = T * spec.heads * (ctx.w.seq if ctx.w.batch * ctx.w.seq == T else 1)
-        prog.transient("activations", scores * e, scores * 4, scores * e)
-    attn = prog.alloc("activations", T * out_w * e)
-    prog.transient("activations", T * spec.heads * 4)  # the kernel's log-sum-exp
-    prog.free(k2)
-    prog.free(v)
+        prog.free(k2)
+        prog.free(v)
+    probs = 0
+    if ctx.backend == "eager":
+        attn, probs = _eager_nograd(prog, ctx, q_w, k_w, v_w, out_w)
+    else:
+        math_tmps: list[int] = []
+        if ctx.backend == "math":
+            # _scaled_dot_product_attention_math without autograd (aten attention.cpp): q * sqrt(scale), K and V
+            # repeated to every head (enable_gqa), kᵀ * sqrt(scale), the scores (the causal mask added in place),
+            # _safe_softmax's output and its one-byte mask of fully masked entries: 9 bytes per fp32 score at the
+            # peak (llama-3.2-1b fp32 prefill, 2 x 8192 on the H200: 42.76 GiB allocated; 12 bytes gave +27%)
+            scores = T * spec.heads * (ctx.w.seq if ctx.w.batch * ctx.w.seq == T else 1)
+            math_tmps.append(prog.alloc("activations", T * q_w * e))
+            if k_w < q_w:
+                math_tmps += [prog.alloc("activations", T * q_w * e), prog.alloc("activations", T * out_w * e)]
+            ks = prog.alloc("activations", T * q_w * e)
+            att = prog.alloc("activations", scores * e)
+            prog.free(ks)
+            math_tmps.append(prog.alloc("activations", scores * e))
+            prog.transient("activations", scores)
+            prog.free(att)
+        attn = prog.alloc("activations", T * out_w * e)
+        prog.free_all(math_tmps)
+        if not cache_kv:
+            # the kernel's log-sum-exp; in inference the H200's kernel writes none (gen_llama1b_fp16: the attention
+            # output and three tiny philox/stat tensors only)
+            prog.transient("activations", T * spec.heads * 4)
+    if not cache_kv:
+        prog.free(k2)
+        prog.free(v)
     o = prog.alloc("activations", T * h * e)
     prog.free(attn)
+    prog.free(probs)
+    prog.free(qkv)  # a fused projection's output is a local of the attention module: it goes when that returns
     prog.free(q2)
     prog.free(normed)
     x2 = prog.alloc("activations", T * h * r)
     prog.free(o)
     normed = norm()
     Tm = T * fan
-    routed = 0
-    if spec.model_type == "llama4_text" and fan > 1:
-        # Llama4TextMoe: hidden_states.repeat(num_experts, 1), then that times the router's scores
-        rep = prog.alloc("activations", Tm * h * e)
-        routed = prog.alloc("activations", Tm * h * e)
-        prog.free(rep)
-    gate = prog.alloc("activations", Tm * width * e)
-    prog.free(routed)
-    act = prog.alloc("activations", Tm * width * e)
-    prog.free(gate)
-    if spec.gated_mlp:
-        up = prog.alloc("activations", Tm * width * e)
+    if any(lin.name.endswith("gate_up_proj") for lin in spec.block_linears):
+        # phi-3: gate and up are chunks (views) of one output, alive until the MLP returns; silu(gate), the product
+        fused = prog.alloc("activations", 2 * Tm * width * e)
+        act = prog.alloc("activations", Tm * width * e)
         prod = prog.alloc("activations", Tm * width * e)
         prog.free(act)
-        prog.free(up)
-    else:  # gpt_neox: fc, GELU
-        prod = act
-    down = prog.alloc("activations", T * h * e)
-    prog.free(prod)
+        down = prog.alloc("activations", T * h * e)
+        prog.free(prod)
+        prog.free(fused)
+    else:
+        routed = 0
+        if spec.model_type == "llama4_text" and fan > 1:
+            # Llama4TextMoe: hidden_states.repeat(num_experts, 1), then that times the router's scores
+            rep = prog.alloc("activations", Tm * h * e)
+            routed = prog.alloc("activations", Tm * h * e)
+            prog.free(rep)
+        gate = prog.alloc("activations", Tm * width * e)
+        prog.free(routed)
+        act = prog.alloc("activations", Tm * width * e)
+        prog.free(gate)
+        if spec.gated_mlp:
+            up = prog.alloc("activations", Tm * width * e)
+            prod = prog.alloc("activations", Tm * width * e)
+            prog.free(act)
+            prog.free(up)
+        else:  # gpt_neox: fc, GELU
+            prod = act
+        down = prog.alloc("activations", T * h * e)
+        prog.free(prod)
     prog.free(normed)
     x3 = prog.alloc("activations", T * h * r)
     prog.free(down)
@@ -932,6 +976,144 @@ def _neox_block_nograd(prog: Program, ctx: Ctx, x: int, cache_kv: bool, keep_inp
     if not keep_input:
         prog.free(x)
     return x2, kept
+
+
+def softmax_upcast_copy(ctx: Ctx) -> bool:
+    """`softmax(x, dim, dtype=torch.float32)` on a bf16 input first makes an fp32 copy of it and then the fp32
+    output; only fp16 on CUDA takes the fused half-to-float kernel (aten/src/ATen/native/SoftMax.cpp, `softmax`:
+    `input_.is_cuda() && input_.scalar_type() == ScalarType::Half && dtype == ScalarType::Float`). Under bf16
+    autocast the cast to fp32 is autocast's (softmax is on its fp32 list): the same copy."""
+    return ctx.w.precision in ("bf16", "mixed")
+
+
+def rms_norm_nograd(prog: Program, tokens: int, h: int, r: int) -> int:
+    """LlamaRMSNorm without autograd as it runs: x.to(fp32) (a copy unless already fp32), pow(2), mean, + eps,
+    rsqrt, x * rsqrt, .to(dtype), weight * y (the order of a traced run and of the recorded history of
+    gen_llama1b_fp16). Returns the output's handle."""
+    T = tokens
+    x32 = prog.alloc("activations", T * h * 4) if r == 2 else 0
+    sq = prog.alloc("activations", T * h * 4)
+    mean = prog.alloc("activations", T * 4)
+    prog.free(sq)
+    eps = prog.alloc("activations", T * 4)
+    rs = prog.alloc("activations", T * 4)
+    prog.free(eps)
+    y32 = prog.alloc("activations", T * h * 4)
+    prog.free(rs)
+    prog.free(x32)
+    yb = prog.alloc("activations", T * h * r) if r == 2 else 0
+    out = prog.alloc("activations", T * h * r)
+    prog.free(yb)
+    prog.free(y32)
+    prog.free(mean)
+    return out
+
+
+class Sampler:
+    """generate()'s greedy sampling after each forward, as the recorded history of gen_llama1b_fp16 shows it
+    (transformers generation/utils.py `_sample` and logits_process.py): lm_head's output for the last position;
+    its fp32 copy `next_token_logits` (kept until the next step's copy replaces it); the two minimum-length
+    processors the probe's `min_new_tokens` adds, each a `scores.clone()`-sized fp32 tensor, a torch.where
+    result and an int64 vocabulary index, the last result kept until the next step's processors are done."""
+
+    def __init__(self, prog: Program, batch: int, vocab: int, act: int) -> None:
+        self.prog, self.B, self.V, self.e = prog, batch, vocab, act
+        self.logits_copy = 0
+        self.scores = 0
+
+    def step(self) -> None:
+        prog, B, V = self.prog, self.B, self.V
+        out = prog.alloc("logits_and_loss", B * V * self.e)
+        copy = prog.alloc("logits_and_loss", B * V * 4)
+        prog.free(self.logits_copy)
+        self.logits_copy = copy
+        result = 0
+        for _ in range(2):
+            t = prog.alloc("logits_and_loss", B * V * 4)
+            index = prog.alloc("logits_and_loss", V * 8)
+            new = prog.alloc("logits_and_loss", B * V * 4)
+            prog.free(t)
+            prog.free(index)
+            prog.free(result)
+            result = new
+        prog.free(self.scores)
+        self.scores = result
+        prog.free(out)
+
+    def finish(self) -> None:
+        self.prog.free(self.logits_copy)
+        self.prog.free(self.scores)
+
+
+def rotary_tables(prog: Program, ctx: Ctx, batch: int, seq: int, first_matmul: bool) -> list[int]:
+    """The rotary embedding's cos and sin for a forward pass, kept until it ends (LlamaRotaryEmbedding.forward, as
+    the recorded history of gen_llama1b_fp16 shows it): inv_freq @ positions in fp32 (the first matmul of the
+    job, which makes the forward's cuBLAS workspace), cat(freqs, freqs), cos() and sin() times the attention
+    scaling, cast to the model's dtype. Returns the handles of cos and sin (none for GPT-2's learned positions)."""
+    spec = ctx.spec
+    if spec.model_type == "gpt2":
+        if first_matmul:
+            prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
+        return []
+    dim = spec.qk_rope_dim if spec.mla else spec.head_dim
+    n = batch * seq * dim  # elements of cos (or sin)
+    freqs = prog.alloc("activations", n * 2)  # (B, dim/2, S) fp32
+    if first_matmul:
+        prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
+    emb = prog.alloc("activations", n * 4)
+    tables = []
+    for _ in ("cos", "sin"):
+        t = prog.alloc("activations", n * 4)
+        scaled = prog.alloc("activations", n * 4)
+        prog.free(t)
+        tables.append(scaled)
+    out = [prog.alloc("activations", n * ctx.dt.act) for _ in tables]
+    prog.free(freqs)
+    prog.free(emb)
+    prog.free_all(tables)
+    return out
+
+
+def eager_mask(prog: Program, ctx: Ctx, batch: int, seq: int) -> int:
+    """The float mask eager attention adds to its scores, built once per forward (transformers masking_utils
+    `eager_mask`: the causal boolean [1, 1, S, S], expanded to the batch, then torch.where(mask, 0, min) in the
+    model's dtype: [B, 1, S, S]). Returns its handle (0 for the SDPA kernels, which take is_causal)."""
+    if ctx.backend != "eager":
+        return 0
+    causal = prog.alloc("activations", seq * seq)
+    mask = prog.alloc("activations", batch * seq * seq * ctx.dt.param)
+    prog.free(causal)
+    return mask
+
+
+def _eager_nograd(prog: Program, ctx: Ctx, q_w: int, k_w: int, v_w: int, out_w: int) -> tuple[int, int]:
+    """transformers' eager_attention_forward without autograd, in the order it allocates: K and V repeated to
+    every head (repeat_kv), q @ k^T, `* scaling`, `+ mask`, softmax in fp32 (with bf16's upcast copy),
+    `.to(dtype)` (the probabilities, returned as attn_weights and so alive until the attention module returns),
+    probabilities @ v and its transpose(1, 2).contiguous(). Returns the handles of attention's output and of the
+    probabilities."""
+    spec, e, T = ctx.spec, ctx.dt.act, ctx.tokens
+    kv_len = ctx.w.seq if ctx.w.batch * ctx.w.seq == T else 1
+    scores = T * spec.heads * kv_len  # elements: batch * heads * query * key
+    kq = prog.alloc("activations", T * q_w * e) if k_w < q_w else 0
+    vq = prog.alloc("activations", T * out_w * e) if v_w < out_w else 0
+    mm = prog.alloc("activations", scores * e)
+    scaled = prog.alloc("activations", scores * e)
+    prog.free(mm)
+    masked = prog.alloc("activations", scores * e)
+    prog.free(scaled)
+    up = prog.alloc("activations", scores * 4) if softmax_upcast_copy(ctx) else 0
+    sm = prog.alloc("activations", scores * 4)
+    prog.free(up)
+    probs = prog.alloc("activations", scores * e)
+    prog.free(sm)
+    prog.free(masked)
+    av = prog.alloc("activations", T * out_w * e)
+    out = prog.alloc("activations", T * out_w * e)  # transpose(1, 2).contiguous()
+    prog.free(av)
+    prog.free(kq)
+    prog.free(vq)
+    return out, probs
 
 
 def _gpt2_block_nograd(prog: Program, ctx: Ctx, x: int, cache_kv: bool, keep_input: bool) -> tuple[int, list[int]]:
@@ -1004,6 +1186,28 @@ def block_backward(prog: Program, saved: list[Saved], grads: list[int], accumula
 
 
 # ---------------------------------------------------------------------------------------------- the job
+def final_norm_forward(prog: Program, ctx: Ctx, x: int) -> tuple[list[int], int]:
+    """The model's last RMSNorm under autograd, in the recorded order (ft_qwen3_06b_b8): x.to(fp32) (kept),
+    pow (a temporary), mean, + eps, rsqrt (kept), x * rsqrt (freed once cast), .to(dtype) (kept by the weight's
+    product), weight * y: the output, lm_head's input. The freed temporaries leave the blocks that backward's
+    cuBLAS workspace later takes. In 16 bits the last residual goes here (the norm saved its fp32 copy); in fp32
+    the norm saves the residual itself. Returns the kept handles and the residual's handle if still held (0 if
+    freed)."""
+    T, h, e, r = ctx.tokens, ctx.spec.hidden, ctx.dt.act, ctx.dt.resid
+    kept = [prog.alloc("activations", T * h * 4)] if r == 2 else []
+    prog.free(prog.alloc("activations", T * h * 4))  # pow(2)
+    kept.append(prog.alloc("activations", T * 4))  # mean, then rsqrt: kept
+    scaled = prog.alloc("activations", T * h * 4)
+    if r == 2:
+        kept.append(prog.alloc("activations", T * h * r))
+    kept.append(prog.alloc("activations", T * h * e))
+    prog.free(scaled)
+    if r == 2:
+        prog.free(x)
+        x = 0
+    return kept, x
+
+
 def logits_and_loss_forward(prog: Program, ctx: Ctx) -> list[int]:
     """lm_head output -> .float() -> log_softmax (kept) ; returns handles kept for backward."""
     T, V, e = ctx.tokens, ctx.spec.vocab, ctx.dt.act
@@ -1119,14 +1323,17 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
     fsdp = _Fsdp(prog, weights.units, ctx.shards) if ctx.shards > 1 else None
     root = spec.layers  # the root's FSDP unit
     ddp = DdpBuckets(prog, sum(t.nbytes for t in trainable)) if w.shard == "ddp" and trainable else None
-    # one cuBLAS workspace for the forward's handle and one for the autograd thread's (backward)
+    # one cuBLAS workspace for the forward's handle, and one for the autograd thread's, made by backward's first
+    # matmul (after that matmul's output): the recorded history of qwen2.5-0.5b (ddp_qwen05, rank 0) places it in
+    # a freed fp32-logits block, which splits it, and the next step's logits need a segment of their own
+    # (qwen2.5-0.5b full, 8 x 1024: 27.90 GiB predicted with both made up front, 32.52 measured)
     prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
-    prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
+    backward_workspace = True
     state: list[int] | None = None
     for step in range(STEPS):
         grads: list[int] = []
         if step == 1 and ddp:
-            ddp.rebuild([t.nbytes for t in reversed(trainable)])
+            ddp.rebuild([t.nbytes for t in reversed(trainable)], release_first=w.grad_ckpt)
         for micro in range(min(w.grad_accum, 2)):
             accumulate = micro > 0
             prog.set_phase("forward")
@@ -1159,9 +1366,12 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                     per_layer.append(block_forward(prog, ctx, layer, keep=True))
                 if fsdp:
                     fsdp.reshard(layer)
-            final = [prog.alloc("activations", T * h * 4)]  # final norm keeps its fp32 input
-            if ctx.full:
-                final.append(prog.alloc("activations", T * h * e))  # lm_head keeps its input
+            if _recorded_layer_order(ctx, spec.layers - 1) and spec.model_type != "gemma2":
+                final, x = final_norm_forward(prog, ctx, x)
+            else:
+                final = [prog.alloc("activations", T * h * 4)]  # final norm keeps its fp32 input
+                if ctx.full:
+                    final.append(prog.alloc("activations", T * h * e))  # lm_head keeps its input
             kept = logits_and_loss_forward(prog, ctx)
             prog.set_phase("backward")
             g = logits_and_loss_backward(prog, ctx, kept)
@@ -1171,6 +1381,9 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
             lm_head_grad = 0
             if ctx.full:
                 lm_head = prog.alloc("gradients", spec.vocab * h * ctx.dt.param)
+                if backward_workspace:
+                    prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
+                    backward_workspace = False
                 if fsdp:
                     root_grads.append(lm_head)
                 elif accumulate:
@@ -1182,6 +1395,9 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 fsdp.finish()  # the last layer's all-gather buffer
                 fsdp.prefetch(spec.layers - 1)
             dx = prog.alloc("activations", T * h * e)
+            if backward_workspace:
+                prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
+                backward_workspace = False
             prog.free(g)
             prog.free_all(final)
             prog.free(x)
@@ -1255,13 +1471,23 @@ def _sum_sizes(prog: Program, handles: list[int]) -> int:
     return sum(prog.size_of(h) for h in handles)
 
 
+def decode_lengths(steps: int) -> list[int]:
+    """Tokens added to the cache by the end of each simulated decode step: every step up to DECODE_EXACT, then
+    DECODE_COARSE evenly spaced lengths ending at `steps` (each such step grows the cache by several tokens)."""
+    if steps <= DECODE_EXACT:
+        return list(range(1, steps + 1))
+    rest = steps - DECODE_EXACT
+    coarse = min(rest, DECODE_COARSE)
+    return list(range(1, DECODE_EXACT + 1)) + [DECODE_EXACT + -(-k * rest // coarse) for k in range(1, coarse + 1)]
+
+
 def infer_program(spec: ModelSpec, w: Workload) -> Program:
     """generate() (prefill, then one token per step into a DynamicCache grown by torch.cat), or with
     --new-tokens 0 two plain forward passes with use_cache=True over the prompt."""
     ctx = make_ctx(spec, w)
     prog = Program()
     load_weights(prog, ctx)
-    prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
+    workspace = False
     h, e, B, S, V = spec.hidden, ctx.dt.act, w.batch, w.seq, spec.vocab
     kv_tok = spec.kv_bytes_per_token_per_layer_elems * e // 2  # bytes per K (or V), per token, per layer
 
@@ -1276,6 +1502,9 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
         # the model's forward keeps `inputs_embeds` referenced for the whole pass
         embeds = prog.alloc("activations", B * S * h * ctx.dt.resid)
         x = embeds
+        tables = rotary_tables(prog, ctx, B, S, first_matmul=not workspace)
+        workspace = True
+        mask = eager_mask(prog, ctx, B, S)
         cache: list[int] = []
         for layer in range(spec.layers):
             # a sliding-window layer keeps the whole prompt's K and V through the prefill: transformers'
@@ -1283,27 +1512,35 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
             # the first decode step's torch.cat makes a window-sized one (transformers cache_utils.py)
             x, kv = block_nograd(prog, ctx, x, layer, cache_kv=True, keep_input=layer == 0)
             cache.extend(kv)
-        normed = prog.alloc("activations", B * S * h * ctx.dt.resid)
+        if spec.model_type == "gpt2":
+            normed = prog.alloc("activations", B * S * h * ctx.dt.resid)
+        else:
+            normed = rms_norm_nograd(prog, B * S, h, ctx.dt.resid)
         prog.free(x)
+        # the base model returns: its input embeddings, mask and rotary tables go before lm_head runs
         prog.free(embeds)
+        prog.free(mask)
+        prog.free_all(tables)
         if w.new_tokens == 0:
             logits = prog.alloc("logits_and_loss", B * S * V * e)  # every position's logits
             prog.free(normed)
             prog.free(logits)
             prog.free_all(cache)
             continue
-        logits = prog.alloc("logits_and_loss", B * V * e)  # generate asks for the last position only
+        sampler = Sampler(prog, B, V, e)
+        sampler.step()  # generate asks for the last position's logits only
         prog.free(normed)
-        scores = prog.alloc("logits_and_loss", B * V * 4)  # .to(float32, copy=True)
-        prog.free(logits)
         prog.set_phase("decode")
         decode = make_ctx(spec, w.model_copy(update={"seq": 1}))
         # every step grows each layer's K and V by one token (torch.cat makes the longer tensor, then the old one
-        # goes): these large-pool allocations drive the allocator, so all of them are replayed; a step's own
-        # activations (batch x width, mostly small-pool) are simulated on the first and the last step
-        for step in range(1, w.new_tokens):
+        # goes): these large-pool allocations drive the allocator, so they are replayed step by step; a step's own
+        # activations (batch x width, mostly small-pool) are simulated on the first and the last step. Past
+        # DECODE_EXACT steps, each simulated step stands for several tokens (the cache grows by as many at once),
+        # so that any --new-tokens costs at most DECODE_EXACT + DECODE_COARSE steps; the last ends at full length
+        steps = decode_lengths(w.new_tokens - 1)
+        for i, step in enumerate(steps):
             t = S + step
-            full_step = step in (1, w.new_tokens - 1)
+            full_step = i in (0, len(steps) - 1)
             x = prog.alloc("activations", B * h * ctx.dt.resid) if full_step else 0
             for layer in range(spec.layers):
                 if full_step:
@@ -1312,9 +1549,8 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
                     old = cache[2 * layer + i]
                     cache[2 * layer + i] = prog.alloc("kv_cache", B * window(t, layer) * kv_tok)
                     prog.free(old)
-            if full_step:
-                prog.transient("logits_and_loss", B * V * e, B * V * 4)
-                prog.free(x)
-        prog.free(scores)
+            prog.free(x)
+            sampler.step()
+        sampler.finish()
         prog.free_all(cache)
     return prog

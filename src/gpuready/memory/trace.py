@@ -205,6 +205,25 @@ def _cuda_sdpa(torch: Any) -> Callable[..., Any]:
             del accum, softmax_d
             return dq, dk, dv, None
 
+    def _math_nograd(query: Any, key: Any, value: Any) -> Any:
+        """CUDA's _scaled_dot_product_attention_math without autograd, as aten runs it (attention.cpp): q scaled, K
+        and V repeated to every head, kᵀ scaled, the scores (the causal mask added in place), _safe_softmax's
+        output and its one-byte mask, then probabilities @ v. The CPU decomposition allocates differently."""
+        b, h, length, _ = query.shape
+        hk = key.shape[-3]
+        q = torch.empty_like(query)
+        kx = key.new_empty((b, h, key.shape[-2], key.shape[-1])) if hk != h else key
+        vx = value.new_empty((b, h, value.shape[-2], value.shape[-1])) if hk != h else value
+        kt = kx.new_empty(kx.shape)
+        scores = q.new_empty((b, h, length, key.shape[-2]))
+        del kt
+        probs = torch.empty_like(scores)
+        mask = torch.empty(scores.shape, dtype=torch.bool)
+        del mask, scores
+        out = q.new_empty((b, h, length, value.shape[-1]))
+        del probs, q, kx, vx
+        return out
+
     def sdpa(
         query: Any,
         key: Any,
@@ -225,6 +244,8 @@ def _cuda_sdpa(torch: Any) -> Callable[..., Any]:
         half = query.dtype in (torch.float16, torch.bfloat16)
         gqa = enable_gqa and key.shape[-3] != query.shape[-3]
         kernel = cuda_sdpa_kernel(half, query.shape[-1], attn_mask is not None, gqa, fp32=query.dtype == torch.float32)
+        if kernel == "math" and query.dim() == 4 and not torch.is_grad_enabled():
+            return _math_nograd(query, key, value)
         if kernel == "math" or query.dim() != 4:
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -424,6 +445,8 @@ def run_trace(w: Workload, decode_steps: int = DECODE_STEPS_TRACED) -> _Job:
             _materialize(torch, model, recorder)
             if w.training:
                 _train(torch, model, w, trace, recorder, vision, cfg)
+            elif vision:
+                model = _infer_vision(torch, model, w, trace)
             else:
                 _infer(torch, model, w, trace, recorder, decode_steps)
     finally:
@@ -472,6 +495,44 @@ def _train(torch: Any, model: Any, w: Workload, trace: Trace, recorder: Any, vis
                     if isinstance(t, torch.Tensor) and (sid := recorder.id_of(t)) is not None:
                         trace.relabel(sid, "optimizer_states")
         opt.zero_grad(set_to_none=True)
+
+
+def _convert(module: Any, dtype: Any) -> None:
+    """`module.to(dtype)` in `Module._apply`'s order (children first, then the module's own floating-point
+    parameters and buffers, each new tensor made before the old one goes), written out because fake parameters
+    cannot be swapped in place."""
+    import torch
+
+    for child in module.children():
+        _convert(child, dtype)
+    for name in list(module._parameters):
+        p = module._parameters[name]
+        if p is not None and p.is_floating_point():
+            module._parameters[name] = torch.nn.Parameter(p.detach().to(dtype), requires_grad=p.requires_grad)
+        del p
+    for name in list(module._buffers):
+        b = module._buffers[name]
+        if b is not None and b.is_floating_point():
+            module._buffers[name] = b.to(dtype)
+        del b
+
+
+def _infer_vision(torch: Any, model: Any, w: Workload, trace: Trace) -> Any:
+    """A torchvision classifier as the trial's probe runs it: built in fp32 (left in train mode), converted with
+    `model.to(dtype)` for bf16/fp16, then two forward passes under torch.no_grad()."""
+    if w.precision in ("bf16", "fp16"):
+        _convert(model, getattr(torch, _DTYPES[w.precision]))
+    trace.mark("load", "other")
+    dtype = getattr(torch, _DTYPES[w.precision]) if w.precision in ("bf16", "fp16") else torch.float32
+    x = torch.empty((w.batch, 3, w.image_size, w.image_size), dtype=dtype)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if w.precision == "mixed" else nullcontext()
+    with torch.no_grad():
+        for _ in range(2):
+            trace.mark("forward", "activations")
+            with autocast:
+                out = model(x)
+            del out
+    return model
 
 
 def _infer(torch: Any, model: Any, w: Workload, trace: Trace, recorder: Any, decode_steps: int) -> None:
@@ -675,14 +736,13 @@ def _traced(workload: Workload) -> _Traced:
     rep = _replay(trace)
     reserved = rep.peak_reserved
     spec = resolve_model(workload.model)
-    if spec.model_type == "resnet" and workload.training:
+    if spec.model_type == "resnet":
         # cuDNN's workspaces come from the caching allocator on the GPU, not on CPU: the same cached-workspace
         # term as the arithmetic mode (memory/vision.py)
-        from gpuready.memory.vision import CUDNN_WORKSPACE_PER_LARGEST_MAP, resnet_largest_map_bytes
+        from gpuready.memory.vision import cudnn_workspace_bytes
 
-        workspace = int(CUDNN_WORKSPACE_PER_LARGEST_MAP * resnet_largest_map_bytes(spec, workload))
-        reserved = max(reserved, rep.peak_allocated + workspace)
-        notes.append("cuDNN convolution workspace: one cached segment of about six feature maps (measured)")
+        reserved = max(reserved, rep.peak_allocated + cudnn_workspace_bytes(spec, workload))
+        notes.append("cuDNN convolution workspace: one cached segment of a few feature maps (measured)")
     return _Traced(job, rep, reserved, notes, time.perf_counter() - start, _largest_request(trace))
 
 

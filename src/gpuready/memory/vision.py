@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from gpuready.memory.ddp import DdpBuckets
 from gpuready.memory.dtypes import dtypes_for
+from gpuready.memory.lm import CUBLAS_WORKSPACE_BYTES
 from gpuready.memory.optimizer import Trainable, optimizer_step
 from gpuready.memory.program import Program
 from gpuready.models.spec import ModelSpec
@@ -22,6 +23,16 @@ from gpuready.workload import Workload
 # 2.29 GiB (resnet18, fp32, 64 x 320 px), 0.53 GiB (resnet101, bf16 autocast, 64 x 224 px): about six times the
 # largest feature map in each case (../shared/calibration/h200.jsonl, docs/calibration/h200_gpuready.jsonl).
 CUDNN_WORKSPACE_PER_LARGEST_MAP = 6.0
+# Inference (torch.no_grad(), forward convolutions only) needs less: resnet50 bf16, batch 512, measured 4.09 GiB
+# reserved on the H200 (issue 14) over a predicted 2.68 GiB of live tensors: 1.84 largest feature maps. One point,
+# until the recorded history of that job shows the workspaces themselves (benchmarks/jobs_heldout7_a.txt).
+CUDNN_INFER_WORKSPACE_PER_LARGEST_MAP = 1.84
+
+
+def cudnn_workspace_bytes(spec: ModelSpec, w: Workload) -> int:
+    """The cached cuDNN workspace segment a ResNet job holds at its peak (measured coefficients above)."""
+    per_map = CUDNN_WORKSPACE_PER_LARGEST_MAP if w.training else CUDNN_INFER_WORKSPACE_PER_LARGEST_MAP
+    return int(per_map * resnet_largest_map_bytes(spec, w))
 
 
 def resnet_largest_map_bytes(spec: ModelSpec, w: Workload) -> int:
@@ -134,17 +145,224 @@ def _weights(prog: Program, spec: ModelSpec, w: Workload) -> list[Trainable]:
     return [Trainable(spec.params, dt.param)]
 
 
-def vision_program(spec: ModelSpec, w: Workload) -> Program:
+# -- inference: torch.no_grad() over a model left in train mode (the probe's `model(x)` twice) ----------------------
+def _module_tensors(spec: ModelSpec, image_size: int) -> tuple[list[int], list[int]]:
+    """Element counts of every floating-point parameter and buffer, in the order the model's constructor creates
+    them and in the order `Module.to(dtype)` converts them (`Module._apply`: children first, then a module's own
+    parameters and buffers). torchvision's resnet.py builds a stage's downsample before its first block;
+    vision_transformer.py builds conv_proj, class_token, the encoder (pos_embedding first), heads; nn.MultiheadAttention
+    owns in_proj_weight/bias and holds out_proj as a child."""
+    cfg = spec.vision
+    built: list[int] = []
+    applied: list[int] = []
+    if spec.model_type == "resnet":
+        pending: list[int] = []  # the stage's downsample conv + BN, converted after the block that holds it
+        convs = resnet_convs(cfg["block"], list(cfg["layers"]))
+        per_block = 3 if cfg["block"] == "bottleneck" else 2
+        i = 0
+        while i < len(convs):
+            conv = convs[i][0]
+            # conv weight; BN weight, bias, running_mean, running_var (num_batches_tracked is int64: not converted)
+            unit = [conv.cin * conv.cout * conv.kernel**2, conv.cout, conv.cout, conv.cout, conv.cout]
+            if i == 0:
+                built += unit
+                applied += unit
+                i += 1
+                continue
+            block = [unit]
+            for k in range(1, per_block):
+                c = convs[i + k][0]
+                block.append([c.cin * c.cout * c.kernel**2, c.cout, c.cout, c.cout, c.cout])
+            i += per_block
+            if i < len(convs) and convs[i][0].downsample:
+                c = convs[i][0]
+                pending = [c.cin * c.cout, c.cout, c.cout, c.cout, c.cout]
+                built += pending
+                i += 1
+            for u in block:
+                built += u
+                applied += u
+            applied += pending
+            pending = []
+        features = 512 * (4 if cfg["block"] == "bottleneck" else 1)
+        fc = [features * int(cfg.get("num_classes", 1000)), int(cfg.get("num_classes", 1000))]
+        return built + fc, applied + fc
+    h, mlp, p = int(cfg["hidden_dim"]), int(cfg["mlp_dim"]), int(cfg["patch_size"])
+    tokens = (image_size // p) ** 2 + 1
+    classes = int(cfg.get("num_classes", 1000))
+    patch_embed = [h * 3 * p * p, h]
+    layer_built = [h, h, 3 * h * h, 3 * h, h * h, h, h, h, mlp * h, mlp, h * mlp, h]
+    # _apply: ln_1; self_attention's child out_proj, then its own in_proj_weight, in_proj_bias; ln_2; mlp
+    layer_applied = [h, h, h * h, h, 3 * h * h, 3 * h, h, h, mlp * h, mlp, h * mlp, h]
+    layers = int(cfg["num_layers"])
+    built = patch_embed + [h, tokens * h] + layer_built * layers + [h, h, classes * h, classes]
+    applied = patch_embed + layer_applied * layers + [h, h, tokens * h, classes * h, classes, h]
+    return built, applied
+
+
+def _load_for_inference(prog: Program, spec: ModelSpec, w: Workload) -> None:
+    """The probe builds the model in fp32 on the GPU, one tensor at a time, and for bf16/fp16 converts it with
+    `model.to(dtype)`: each new 16-bit tensor is made before its fp32 one goes, and the fp32 blocks stay cached."""
+    built, applied = _module_tensors(spec, w.image_size)
+    fp32 = [prog.alloc("weights", n * 4) for n in built]
+    if w.precision not in ("bf16", "fp16"):
+        return
+    by_size: dict[int, list[int]] = {}
+    for n, handle in zip(built, fp32, strict=True):
+        by_size.setdefault(n, []).append(handle)
+    for n in applied:
+        prog.alloc("weights", n * 2)
+        prog.free(by_size[n].pop(0))
+
+
+def _resnet_nograd(prog: Program, spec: ModelSpec, w: Workload, first: bool) -> None:
+    """ResNet's forward without autograd: each conv's output lives until batch norm has made its own; a block's
+    input lives until the block returns (it is the identity); a downsample's BN output is added in place; the
+    stem's max pooling makes int64 indices it drops at once (CUDA always runs max_pool2d_with_indices)."""
+    dt = dtypes_for(w)
+    e = dt.act
+    B, img = w.batch, w.image_size
+    cfg = spec.vision
+    convs = resnet_convs(cfg["block"], list(cfg["layers"]))
+    per_block = 3 if cfg["block"] == "bottleneck" else 2
+
+    def out_bytes(k: int) -> int:
+        conv, scale = convs[k]
+        return B * conv.cout * _side(img, scale) ** 2 * e
+
+    cast = prog.alloc("activations", B * 3 * img * img * 2) if dt.autocast else 0
+    c = prog.alloc("activations", out_bytes(0))
+    prog.free(cast)
+    b = prog.alloc("activations", out_bytes(0))
+    prog.free(c)
+    pooled = B * convs[0][0].cout * _side(img, 4) ** 2
+    x = prog.alloc("activations", pooled * e)
+    prog.transient("activations", pooled * 8)
+    prog.free(b)
+    k = 1
+    while k < len(convs):
+        inp = x
+        prev = inp
+        for j in range(per_block):
+            c = prog.alloc("activations", out_bytes(k + j))
+            if prev != inp:
+                prog.free(prev)
+            bn = prog.alloc("activations", out_bytes(k + j))
+            prog.free(c)
+            prev = bn
+        k += per_block
+        if k < len(convs) and convs[k][0].downsample:
+            dc = prog.alloc("activations", out_bytes(k))
+            db = prog.alloc("activations", out_bytes(k))
+            prog.free(dc)
+            prog.free(db)  # added in place into the block's output, then dropped with the block
+            k += 1
+        prog.free(inp)
+        x = prev
+    features = 512 * (4 if cfg["block"] == "bottleneck" else 1)
+    pooled_out = prog.alloc("activations", B * features * e)
+    prog.free(x)
+    logits = prog.alloc("activations", B * int(cfg.get("num_classes", 1000)) * e)
+    if first:  # fc is the job's first cuBLAS matmul: its handle's workspace, kept
+        prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
+    prog.free(pooled_out)
+    prog.free(logits)
+
+
+def _vit_nograd(prog: Program, spec: ModelSpec, w: Workload, first: bool) -> None:
+    """torchvision's VisionTransformer without autograd, its nn.MultiheadAttention on the slow path (the model is
+    in train mode): the patch embedding and its concatenation with the class token; the encoder's input plus the
+    positions (both held through the encoder); per block ln_1, in_proj through matmul (a contiguous copy of the
+    transposed input) and the packed projection's contiguous copy, attention's output and its permuted copy,
+    out_proj, the residual, ln_2, fc1, GELU, fc2 and the second residual. Dropout with p=0 returns its input."""
+    dt = dtypes_for(w)
+    e = dt.act
+    cfg = spec.vision
+    B, img = w.batch, w.image_size
+    hdim, mlp, p = int(cfg["hidden_dim"]), int(cfg["mlp_dim"]), int(cfg["patch_size"])
+    patches = (img // p) ** 2
+    T = B * (patches + 1)
+    th = T * hdim * e
+    cast = prog.alloc("activations", B * 3 * img * img * 2) if dt.autocast else 0
+    conv = prog.alloc("activations", B * patches * hdim * e)
+    prog.free(cast)
+    cat = prog.alloc("activations", th)
+    prog.free(conv)
+    x = prog.alloc("activations", th)  # + pos_embedding
+    inp = x
+    for _ in range(int(cfg["num_layers"])):
+        ln1 = prog.alloc("activations", th)
+        copy = prog.alloc("activations", th)  # matmul's contiguous copy of the (L, B, E) view
+        proj = prog.alloc("activations", 3 * th)
+        if first:  # in_proj is the job's first cuBLAS matmul: its handle's workspace, kept
+            prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
+            first = False
+        prog.free(copy)
+        packed = prog.alloc("activations", 3 * th)  # unflatten/transpose(...).contiguous()
+        prog.free(proj)
+        attn = prog.alloc("activations", th)
+        prog.transient("activations", B * int(cfg["num_heads"]) * (patches + 1) * 4)  # log-sum-exp
+        perm = prog.alloc("activations", th)  # permute(2, 0, 1, 3).contiguous()
+        prog.free(attn)
+        out = prog.alloc("activations", th)  # out_proj
+        prog.free(perm)
+        prog.free(packed)
+        prog.free(ln1)
+        x1 = prog.alloc("activations", th)  # x + input
+        prog.free(out)
+        ln2 = prog.alloc("activations", th)
+        fc1 = prog.alloc("activations", T * mlp * e)
+        act = prog.alloc("activations", T * mlp * e)
+        prog.free(fc1)
+        fc2 = prog.alloc("activations", th)
+        prog.free(act)
+        prog.free(ln2)
+        x2 = prog.alloc("activations", th)  # x + y
+        prog.free(fc2)
+        prog.free(x1)
+        if inp != x:
+            prog.free(inp)
+        inp = x2
+    final = prog.alloc("activations", th)  # encoder.ln
+    if inp != x:
+        prog.free(inp)
+    prog.free(x)
+    prog.free(cat)
+    head = prog.alloc("activations", B * int(cfg.get("num_classes", 1000)) * e)
+    prog.free(final)
+    prog.free(head)
+
+
+def _inference_program(spec: ModelSpec, w: Workload) -> Program:
     prog = Program()
     if spec.model_type == "resnet":
-        prog.cached_outside_bytes = int(CUDNN_WORKSPACE_PER_LARGEST_MAP * resnet_largest_map_bytes(spec, w))
+        prog.cached_outside_bytes = cudnn_workspace_bytes(spec, w)
+    dt = dtypes_for(w)
+    _load_for_inference(prog, spec, w)
+    prog.set_phase("forward")
+    in_bytes = 2 if w.precision in ("bf16", "fp16") else 4
+    image = prog.alloc("activations", w.batch * 3 * w.image_size**2 * in_bytes)
+    # under autocast every weight's bf16 copy is cached for the autocast region (one forward)
+    for rep in range(2):  # the probe runs two forward passes
+        casts = prog.alloc("autocast_weight_copies", spec.params * 2) if dt.autocast else 0
+        if spec.model_type == "resnet":
+            _resnet_nograd(prog, spec, w, rep == 0)
+        else:
+            _vit_nograd(prog, spec, w, rep == 0)
+        prog.free(casts)
+    prog.free(image)
+    return prog
+
+
+def vision_program(spec: ModelSpec, w: Workload) -> Program:
+    if not w.training:
+        return _inference_program(spec, w)
+    prog = Program()
+    if spec.model_type == "resnet":
+        prog.cached_outside_bytes = cudnn_workspace_bytes(spec, w)
     dt = dtypes_for(w)
     trainable = _weights(prog, spec, w)
     forward = _resnet_forward if spec.model_type == "resnet" else _vit_forward
-    if not w.training:
-        prog.set_phase("forward")
-        forward(prog, spec, w, keep=False)
-        return prog
     state: list[int] | None = None
     ddp = DdpBuckets(prog, spec.params * dt.param) if w.shard == "ddp" else None
     ready_order: list[int] = []

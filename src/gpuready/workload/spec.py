@@ -185,7 +185,12 @@ def describe(w: Workload) -> str:
     parts = [w.model, w.task]
     if w.task == "train":
         parts.append(w.method if w.method == "full" else f"{w.method} r={w.lora_r}")
-    parts += [f"batch {w.batch}", f"seq {w.seq}"]
+    # image models take --image-size, not --seq (torchvision presets: resnet*, vit_*)
+    from gpuready.models.presets import find_preset
+
+    preset = find_preset(w.model)
+    vision = preset is not None and preset.config.get("model_type") in ("resnet", "vit")
+    parts += [f"batch {w.batch}", f"{w.image_size} px" if vision else f"seq {w.seq}"]
     if w.task == "infer" and w.new_tokens:
         parts.append(f"+{w.new_tokens} new tokens")
     parts.append(w.precision)
