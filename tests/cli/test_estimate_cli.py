@@ -9,6 +9,7 @@ import pytest
 
 from gpuready.cli.app import main
 
+# docs/cli.md: the keys `estimate --json` always has
 CONTRACT_KEYS = {
     "params",
     "trainable_params",
@@ -42,6 +43,9 @@ def test_gpu_memory_adds_fit_headroom_and_max_batch(capsys: pytest.CaptureFixtur
     assert code == 1  # "no, it does not fit" is exit 1
     assert data["fits"] is False and data["max_batch"] == 0 and data["headroom_bytes"] < 0
     assert data["gpu_memory_bytes"] == 24 * 2**30
+    # docs/cli.md: with a card, the fit by replay under its limit, and the CLI's mitigations
+    card_keys = {"allocator_limit_bytes", "reserved_on_card_bytes", "cache_releases", "fit_rule", "mitigations"}
+    assert set(data) >= card_keys and data["mitigations"]
     code, out, _ = run(capsys, "estimate", "llama-3.2-1b", "--gpu", "H100 SXM", "--json")
     data = json.loads(out)
     assert code == 0 and data["fits"] is True and data["max_batch"] >= 1 and data["gpu"] == "H100 SXM"

@@ -42,7 +42,7 @@ class Machine(_Model):
 class Job(_Model):
     kind: Literal["probe", "command"]
     description: str  # "llama-3.2-1b full bf16 batch 4 seq 1024" or the command line
-    workload: dict[str, Any] | None = None  # the probe's workload (CONTRACT.md fields)
+    workload: dict[str, Any] | None = None  # the probe's workload (the workload fields of docs/cli.md)
     argv: list[str] | None = None  # the user's command
     nproc: int = 1  # processes (GPUs) the job ran on
     seed: int | None = None

@@ -1,4 +1,4 @@
-"""Bytes per element for each part of a job, from the workload's precision (CONTRACT.md --precision)."""
+"""Bytes per element for each part of a job, from the workload's precision (docs/cli.md, --precision)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What an estimate returns (CONTRACT.md `gpuready estimate --json`), shared by the arithmetic and traced modes."""
+"""What an estimate returns (docs/cli.md, `gpuready estimate --json`), shared by the arithmetic and traced modes."""
 
 from __future__ import annotations
 

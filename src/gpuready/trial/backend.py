@@ -64,7 +64,7 @@ def probe_spec(workload: Workload) -> dict[str, Any]:
 
             config = fetch_config(workload.model)
     config.setdefault("model_type", spec.model_type)
-    # LoRA targets: the CONTRACT default is every linear layer of the blocks, named as peft matches them
+    # LoRA targets: docs/cli.md's default is every linear layer of the blocks, named as peft matches them
     # (for llama/qwen/mistral/gemma this is q,k,v,o,gate,up,down_proj as in calibration/README.md)
     from gpuready.memory.lm import default_lora_targets
 
