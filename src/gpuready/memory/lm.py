@@ -51,7 +51,7 @@ class Ctx:
 
 
 def default_lora_targets(spec: ModelSpec) -> list[str]:
-    """CONTRACT.md's default for --lora-targets: every linear layer of the blocks, named as peft matches them (by
+    """docs/cli.md's default for --lora-targets: every linear layer of the blocks, named as peft matches them (by
     the module name's last part): q,k,v,o,gate,up,down_proj for llama/qwen/mistral/gemma; the fused qkv_proj and
     gate_up_proj for phi-3; c_attn, c_proj, c_fc for gpt2. The trial and the traced mode use the same list."""
     return list(dict.fromkeys(lin.name.split(".")[-1] for lin in spec.block_linears))
