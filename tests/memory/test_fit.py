@@ -111,6 +111,11 @@ def test_max_batch_is_never_above_what_ran_and_at_least_80_percent(case: dict[st
     predicted = estimate(w, parse_size(case["card"], "card")).max_batch
     assert predicted is not None
     ran = int(case["ran"])
+    if not case["failed"]:
+        # an open bracket: the search ran out of time before any batch failed, so the truth is only known to be at
+        # least `ran`; the prediction must not be below 80% of that, and nothing bounds it from above
+        assert predicted >= math.ceil(0.8 * ran), f"{predicted} is below 80% of {ran}, which ran"
+        return
     assert predicted <= ran, f"promises {predicted} where {ran} is what ran"
     truth_at_most = int(case["failed"]) - 1 if case["failed"] else None
     within = truth_at_most is not None and predicted >= math.ceil(0.8 * truth_at_most)
