@@ -202,7 +202,9 @@ def with_fit(result: MemoryEstimate, fit: Fit, max_batch: int | None, kind: str)
 def margin_kind(spec: ModelSpec, w: Workload) -> str:
     """Which measured margin of memory/fit.py applies to the job."""
     if spec.kind == "vision":
-        return "conv" if spec.model_type == "resnet" else "lm"
+        if spec.model_type == "resnet":
+            return "conv" if w.training else "conv_infer"
+        return "lm"
     return "generate" if not w.training and w.new_tokens > 0 else "lm"
 
 
