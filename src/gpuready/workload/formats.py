@@ -221,6 +221,13 @@ class _Reader:
         self.not_modelled: dict[str, str] = {}
         self.no_effect: set[str] = set()
 
+    def known(self, no_effect: set[str] | frozenset[str], not_modelled: dict[str, str]) -> None:
+        """The tool's keys gpuready does not use: those with no effect on memory, and those that change memory but
+        are not modelled (an empty reason: no effect after all)."""
+        self.no_effect |= no_effect
+        self.not_modelled.update({k: v for k, v in not_modelled.items() if v})
+        self.no_effect |= {k for k, v in not_modelled.items() if not v}
+
     def has(self, key: str) -> bool:
         return key in self.flat and not _empty(self.flat[key])
 
@@ -437,9 +444,7 @@ _AXOLOTL_NOT_MODELLED = {
 
 
 def _axolotl(r: _Reader) -> None:
-    r.no_effect |= _AXOLOTL_NO_EFFECT
-    r.not_modelled.update({k: v for k, v in _AXOLOTL_NOT_MODELLED.items() if v})
-    r.no_effect |= {k for k, v in _AXOLOTL_NOT_MODELLED.items() if not v}
+    r.known(_AXOLOTL_NO_EFFECT, _AXOLOTL_NOT_MODELLED)
     model_key = "base_model_config" if r.has("base_model_config") else "base_model"
     if r.has(model_key):
         r.set("model", str(r.get(model_key)), model_key)
@@ -578,9 +583,7 @@ _LF_NOT_MODELLED = {
 
 
 def _llamafactory(r: _Reader) -> None:
-    r.no_effect |= _LF_NO_EFFECT
-    r.not_modelled.update({k: v for k, v in _LF_NOT_MODELLED.items() if v})
-    r.no_effect |= {k for k, v in _LF_NOT_MODELLED.items() if not v}
+    r.known(_LF_NO_EFFECT, _LF_NOT_MODELLED)
     if r.has("model_name_or_path"):
         r.set("model", str(r.get("model_name_or_path")), "model_name_or_path")
     stage = str(r.get("stage") or "sft").lower()
@@ -690,8 +693,7 @@ def _torchtune_builders() -> dict[str, str]:
 
 
 def _torchtune(r: _Reader) -> None:
-    r.no_effect |= _TT_NO_EFFECT
-    r.not_modelled.update({k: v for k, v in _TT_NOT_MODELLED.items() if v})
+    r.known(_TT_NO_EFFECT, _TT_NOT_MODELLED)
     component = str(r.get("model._component_") or "")
     builder = component.rsplit(".", 1)[-1]
     method = "full"
@@ -822,9 +824,7 @@ _TRL_NOT_MODELLED = {
 
 
 def _trl(r: _Reader) -> None:
-    r.no_effect |= _TRL_NO_EFFECT
-    r.not_modelled.update({k: v for k, v in _TRL_NOT_MODELLED.items() if v})
-    r.no_effect |= {k for k, v in _TRL_NOT_MODELLED.items() if not v}
+    r.known(_TRL_NO_EFFECT, _TRL_NOT_MODELLED)
     if r.has("model_name_or_path"):
         r.set("model", str(r.get("model_name_or_path")), "model_name_or_path")
     elif r.has("model_init_kwargs.pretrained_model_name_or_path"):
