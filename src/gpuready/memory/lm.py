@@ -795,7 +795,7 @@ def block_nograd(
     width, fan = _mlp_width(spec, layer)
 
     def norm() -> int:
-        return rms_norm_nograd(prog, T, h, r)
+        return rms_norm_nograd(prog, T, h, r, gemma=spec.model_type == "gemma3_text")
 
     def rope(width: int) -> int:
         # q*cos + rotate_half(q)*sin: the product, -x2, cat, its product with sin, the sum
@@ -986,10 +986,12 @@ def softmax_upcast_copy(ctx: Ctx) -> bool:
     return ctx.w.precision in ("bf16", "mixed")
 
 
-def rms_norm_nograd(prog: Program, tokens: int, h: int, r: int) -> int:
+def rms_norm_nograd(prog: Program, tokens: int, h: int, r: int, gemma: bool = False) -> int:
     """LlamaRMSNorm without autograd as it runs: x.to(fp32) (a copy unless already fp32), pow(2), mean, + eps,
     rsqrt, x * rsqrt, .to(dtype), weight * y (the order of a traced run and of the recorded history of
-    gen_llama1b_fp16). Returns the output's handle."""
+    gen_llama1b_fp16). Gemma3RMSNorm (`gemma`) keeps the product in fp32: x.float(), the same normalisation, then
+    `* (1.0 + weight.float())` in fp32 and `.type_as(x)` (transformers models/gemma3/modeling_gemma3.py).
+    Returns the output's handle."""
     T = tokens
     x32 = prog.alloc("activations", T * h * 4) if r == 2 else 0
     sq = prog.alloc("activations", T * h * 4)
@@ -1001,6 +1003,14 @@ def rms_norm_nograd(prog: Program, tokens: int, h: int, r: int) -> int:
     y32 = prog.alloc("activations", T * h * 4)
     prog.free(rs)
     prog.free(x32)
+    if gemma:
+        scaled = prog.alloc("activations", T * h * 4)
+        prog.free(y32)
+        prog.free(mean)
+        out = prog.alloc("activations", T * h * r) if r == 2 else scaled
+        if r == 2:
+            prog.free(scaled)
+        return out
     yb = prog.alloc("activations", T * h * r) if r == 2 else 0
     out = prog.alloc("activations", T * h * r)
     prog.free(yb)
@@ -1515,7 +1525,7 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
         if spec.model_type == "gpt2":
             normed = prog.alloc("activations", B * S * h * ctx.dt.resid)
         else:
-            normed = rms_norm_nograd(prog, B * S, h, ctx.dt.resid)
+            normed = rms_norm_nograd(prog, B * S, h, ctx.dt.resid, gemma=spec.model_type == "gemma3_text")
         prog.free(x)
         # the base model returns: its input embeddings, mask and rotary tables go before lm_head runs
         prog.free(embeds)

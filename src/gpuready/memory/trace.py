@@ -383,7 +383,10 @@ def _torchvision_models() -> Any:
     try:
         from torchvision.models import resnet, vision_transformer  # noqa: F401
     except Exception as exc:
-        raise TraceUnavailable(f"torchvision does not import here ({exc}); vision models cannot be traced") from None
+        raise TraceUnavailable(
+            f"torchvision does not import here ({exc}); vision models cannot be traced: pip install "
+            "'gpuready[vision]' (a torchvision built for the torch installed here)"
+        ) from None
     import torchvision.models as models
 
     return models
