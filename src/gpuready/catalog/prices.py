@@ -22,18 +22,24 @@ class Price:
     source: str
 
 
+def price_cell(row: dict[str, str], column: str, origin: str, line: int) -> float:
+    """One price of a `--prices` CSV row: a number, not negative (one-line errors naming the file and line)."""
+    try:
+        value = float(row[column])
+    except (TypeError, ValueError):
+        raise InputError("--prices", f"{origin} line {line}: {column} is not a number") from None
+    if value < 0:
+        raise InputError("--prices", f"{origin} line {line}: a price cannot be negative")
+    return value
+
+
 def _rows(text: str, origin: str) -> dict[str, Price]:
     out: dict[str, Price] = {}
     reader = csv.DictReader(text.splitlines())
     if not reader.fieldnames or not {"gpu", "price_per_gpu_hour"} <= set(reader.fieldnames):
         raise InputError("--prices", f"{origin}: needs a CSV header with gpu,price_per_gpu_hour")
     for n, row in enumerate(reader, start=2):
-        try:
-            value = float(row["price_per_gpu_hour"])
-        except (TypeError, ValueError):
-            raise InputError("--prices", f"{origin} line {n}: price_per_gpu_hour is not a number") from None
-        if value < 0:
-            raise InputError("--prices", f"{origin} line {n}: a price cannot be negative")
+        value = price_cell(row, "price_per_gpu_hour", origin, n)
         out[row["gpu"].strip()] = Price(
             row["gpu"].strip(),
             value,

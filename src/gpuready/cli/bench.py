@@ -345,21 +345,15 @@ def _compare_prices(path: Path) -> tuple[dict[str, float] | None, Any]:
         raise InputError("--prices", f"{path}: cannot read ({exc.strerror})") from None
     reader = csv.DictReader(text.splitlines())
     fields = set(reader.fieldnames or [])
-    if {"gpu", "price_per_gpu_hour"} <= fields:
-        from gpuready.catalog.prices import load_prices
+    from gpuready.catalog.prices import load_prices, price_cell
 
+    if {"gpu", "price_per_gpu_hour"} <= fields:
         return None, load_prices(path)
     if not {"label", "price_per_hour"} <= fields:
         raise InputError("--prices", f"{path}: needs a CSV header with label,price_per_hour or gpu,price_per_gpu_hour")
     out: dict[str, float] = {}
     for n, row in enumerate(reader, start=2):
-        try:
-            value = float(row["price_per_hour"])
-        except (TypeError, ValueError):
-            raise InputError("--prices", f"{path} line {n}: price_per_hour is not a number") from None
-        if value < 0:
-            raise InputError("--prices", f"{path} line {n}: a price cannot be negative")
-        out[row["label"].strip()] = value
+        out[row["label"].strip()] = price_cell(row, "price_per_hour", str(path), n)
     return out, None
 
 
