@@ -54,17 +54,15 @@ def _side(image: int, scale: int) -> int:
     return side
 
 
-def _resnet_forward(prog: Program, spec: ModelSpec, w: Workload, keep: bool) -> list[tuple[int, int, int]]:
+def _resnet_forward(prog: Program, spec: ModelSpec, w: Workload) -> list[tuple[int, int, int]]:
     """Returns saved (handle, grad_bytes, weight_grad_bytes) in forward order."""
     dt = dtypes_for(w)
     e = dt.act
     B, img = w.batch, w.image_size
     saved: list[tuple[int, int, int]] = []
-    temps: list[int] = []
 
     def save(nbytes: int, grad: int, wgrad: int = 0) -> None:
-        h = prog.alloc("activations", nbytes)
-        (saved.append((h, grad, wgrad)) if keep else temps.append(h))
+        saved.append((prog.alloc("activations", nbytes), grad, wgrad))
 
     cfg = spec.vision
     image = prog.alloc("activations", B * 3 * img * img * 4)
@@ -77,10 +75,8 @@ def _resnet_forward(prog: Program, spec: ModelSpec, w: Workload, keep: bool) -> 
         wgrad = conv.cin * conv.cout * conv.kernel**2 * dt.param
         cin_bytes = prev if not conv.downsample else B * conv.cin * _side(img, scale // conv.stride) ** 2 * e
         # the convolution keeps its input (already kept by the op before it); its backward makes the input's
-        # gradient and the weight's. cuDNN's workspaces (also from the caching allocator) are not modelled:
-        # their sizes depend on the algorithm cuDNN picks, and no fraction of the feature maps fitted the rows
-        if keep:
-            saved.append((0, cin_bytes, wgrad))
+        # gradient and the weight's (cuDNN's workspaces: cudnn_workspace_bytes, a cached segment beside these)
+        saved.append((0, cin_bytes, wgrad))
         save(out, out)  # conv output, kept by batch norm
         if conv.downsample:
             prog.transient("activations", out)  # its BN output is added into the main path and dropped
@@ -95,12 +91,10 @@ def _resnet_forward(prog: Program, spec: ModelSpec, w: Workload, keep: bool) -> 
     features = 512 * (4 if cfg["block"] == "bottleneck" else 1)
     save(B * features * e, 0, features * 1000 * dt.param)
     prog.free(image)
-    for h in temps:
-        prog.free(h)
     return saved
 
 
-def _vit_forward(prog: Program, spec: ModelSpec, w: Workload, keep: bool) -> list[tuple[int, int, int]]:
+def _vit_forward(prog: Program, spec: ModelSpec, w: Workload) -> list[tuple[int, int, int]]:
     dt = dtypes_for(w)
     e, r = dt.act, dt.resid
     cfg = spec.vision
@@ -108,11 +102,9 @@ def _vit_forward(prog: Program, spec: ModelSpec, w: Workload, keep: bool) -> lis
     hdim, mlp, p = cfg["hidden_dim"], cfg["mlp_dim"], cfg["patch_size"]
     T = B * ((img // p) ** 2 + 1)
     saved: list[tuple[int, int, int]] = []
-    temps: list[int] = []
 
     def save(nbytes: int, grad: int = 0, wgrad: int = 0) -> None:
-        h = prog.alloc("activations", nbytes)
-        (saved.append((h, grad, wgrad)) if keep else temps.append(h))
+        saved.append((prog.alloc("activations", nbytes), grad, wgrad))
 
     save(B * 3 * img * img * (2 if dt.autocast else 4), 0, 3 * p * p * hdim * dt.param)
     x = prog.alloc("activations", T * hdim * r)  # class token + patches + positions
@@ -133,8 +125,6 @@ def _vit_forward(prog: Program, spec: ModelSpec, w: Workload, keep: bool) -> lis
     save(T * hdim * r, T * hdim * r)  # final ln input
     save(T * hdim * (4 if dt.autocast else e), 0, hdim * 1000 * dt.param)  # its output, viewed by the head
     prog.free(x)
-    for h in temps:
-        prog.free(h)
     return saved
 
 
@@ -371,7 +361,7 @@ def vision_program(spec: ModelSpec, w: Workload) -> Program:
         if step == 1 and ddp:
             ddp.rebuild(ready_order)
         casts = prog.alloc("autocast_weight_copies", spec.params * 2) if dt.autocast else 0
-        saved = forward(prog, spec, w, keep=True)
+        saved = forward(prog, spec, w)
         ready_order = [wgrad for _, _, wgrad in reversed(saved) if wgrad]
         logits = prog.alloc("logits_and_loss", w.batch * 1000 * 4)
         prog.set_phase("backward")
