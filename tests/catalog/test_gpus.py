@@ -1,6 +1,6 @@
 import pytest
 
-from gpuready.catalog import find_gpu, load_gpus
+from gpuready.catalog import find_architecture, find_gpu, load_architectures, load_gpus
 from gpuready.errors import InputError
 
 
@@ -30,3 +30,32 @@ def test_every_gpu_has_a_source_and_usable_memory_below_the_label_in_gib() -> No
     for g in load_gpus():
         assert g.source_url.startswith("https://")
         assert 0 < g.usable_bytes <= g.memory_gb * 2**30
+
+
+def test_gpu_names_as_nvml_prints_them_find_their_compute_capability() -> None:
+    def cc(name: str) -> tuple[int, int] | None:
+        row = find_architecture(name)
+        return row.capability if row else None
+
+    assert cc("NVIDIA H100 80GB HBM3") == (9, 0)
+    assert cc("NVIDIA GeForce RTX 5090") == (12, 0)
+    assert cc("NVIDIA A10G") == (8, 6)  # the longer match: A10G, not A10
+    assert cc("NVIDIA A40") == (8, 6)  # no spec row in the catalog, still known by name
+    assert find_architecture("NVIDIA L40S").name == "L40S"  # type: ignore[union-attr]
+    assert find_architecture("Matrox G200") is None
+
+
+def test_every_card_takes_compute_capability_and_architecture_from_the_one_table() -> None:
+    """The catalog's cards have no compute-capability column of their own: each NVIDIA card finds a row of
+    data/architectures.csv, so a fact about a GPU is written once (issue 14, one owner per fact)."""
+    rows = {row.name: row for row in load_architectures()}
+    assert all(row.source.strip() for row in rows.values())
+    for g in load_gpus():
+        row = find_architecture(g.name)
+        assert row is not None, g.name
+        assert (g.compute_capability, g.architecture) == (row.compute_capability, row.architecture)
+        if g.vendor == "NVIDIA":
+            assert row.capability is not None, g.name
+    assert find_gpu("T4").compute_capability == "7.5" and find_gpu("H200").architecture == "Hopper"
+    mi300x = find_gpu("MI300X")
+    assert mi300x.compute_capability is None and mi300x.architecture and "gfx942" in mi300x.architecture
