@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from importlib import resources
 
 from gpuready.errors import InputError
+from gpuready.units import GIB, MIB
 
-# NVML total / label on the H200 we measured: 143771 MiB / (141 * 1024 MiB)
-USABLE_FRACTION_OF_LABEL = 143771 / (141 * 1024)
+# NVML total / label on the H200 we measured: 143771 MiB / 141 GiB
+USABLE_FRACTION_OF_LABEL = 143771 * MIB / (141 * GIB)
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class Gpu:
         """Memory the driver reports as total. Vendors' "GB" on GPUs are GiB less what ECC and firmware hold:
         the H200's "141 GB" reads 143,771 MiB in NVML (../shared/calibration/README.md), 0.9958 of 141 GiB.
         We apply that factor to every card's label; `--gpu-memory` gives an exact figure instead."""
-        return int(self.memory_gb * 1024**3 * USABLE_FRACTION_OF_LABEL)
+        return int(self.memory_gb * GIB * USABLE_FRACTION_OF_LABEL)
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,7 @@ def gpus_cmd(wide: WideOpt = False, json_out: JsonOpt = False) -> None:
     from rich.table import Table
 
     from gpuready.catalog.cards import bf16_supported
+    from gpuready.units import format_gib
 
     console = _console(wide)
     table = Table(
@@ -93,7 +94,7 @@ def gpus_cmd(wide: WideOpt = False, json_out: JsonOpt = False) -> None:
         table.add_row(
             g.name,
             f"{g.memory_gb:g} GB",
-            f"{g.usable_bytes / 1024**3:.2f} GiB",
+            format_gib(g.usable_bytes),
             f"{g.mem_bw_gbs:g}" if g.mem_bw_gbs else "?",
             bf16,
             _cc(g, wide),

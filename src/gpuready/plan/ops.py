@@ -33,6 +33,7 @@ from gpuready.memory.dtypes import dtypes_for
 from gpuready.memory.lm import attention_backend, lora_targets
 from gpuready.models.spec import ModelSpec
 from gpuready.models.vision import resnet_convs
+from gpuready.units import MIB
 from gpuready.workload import Workload
 
 Kind = Literal["matmul", "attention", "memory", "comm"]
@@ -474,7 +475,7 @@ def comm_ops(spec: ModelSpec, w: Workload) -> list[Op]:
             Op("comm", "comm", 0.0, frac * grads * w.grad_accum, spec.layers, collective="reduce_scatter"),
             _mem("comm copies", copies, 4 * spec.layers * (gathers + w.grad_accum)),
         ]
-    buckets = max(1, grads // (25 * 2**20))  # DDP's 25 MiB buckets (bucket_cap_mb)
+    buckets = max(1, grads // (25 * MIB))  # DDP's 25 MiB buckets (bucket_cap_mb)
     # the reducer copies gradients into the buckets and the averaged buckets back (gradient_as_bucket_view=False)
     return [
         Op("comm", "comm", 0.0, 2 * frac * grads, buckets, collective="all_reduce"),
