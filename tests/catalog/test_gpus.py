@@ -1,6 +1,6 @@
 import pytest
 
-from gpuready.catalog import find_architecture, find_gpu, load_architectures, load_gpus
+from gpuready.catalog import card_for_device, find_architecture, find_gpu, load_architectures, load_gpus
 from gpuready.errors import InputError
 
 
@@ -59,3 +59,33 @@ def test_every_card_takes_compute_capability_and_architecture_from_the_one_table
     assert find_gpu("T4").compute_capability == "7.5" and find_gpu("H200").architecture == "Hopper"
     mi300x = find_gpu("MI300X")
     assert mi300x.compute_capability is None and mi300x.architecture and "gfx942" in mi300x.architecture
+
+
+@pytest.mark.parametrize(
+    ("device", "name"),
+    [
+        ("NVIDIA H200", "H200 SXM"),
+        ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+        ("NVIDIA H100 NVL", "H100 NVL"),
+        ("NVIDIA A100-PCIE-40GB", "A100 PCIe 40GB"),
+        ("NVIDIA A100 80GB PCIe", "A100 PCIe 80GB"),
+        ("NVIDIA A10G", "A10G"),
+        ("NVIDIA A10", "A10"),
+        ("NVIDIA L4", "L4"),
+        ("Tesla V100-SXM2-32GB", "V100 SXM2 32GB"),
+        ("NVIDIA RTX 6000 Ada Generation", "RTX 6000 Ada"),
+        ("NVIDIA B200", "B200 (HGX/DGX per GPU)"),
+        ("AMD Instinct MI300X", "MI300X"),
+    ],
+)
+def test_driver_device_names_find_their_catalog_card(device: str, name: str) -> None:
+    """One matcher for the names NVML/ROCm report, used by bench's prices and plan's calibration alike."""
+    card = card_for_device(device)
+    assert card is not None and card.name == name
+
+
+def test_the_device_memory_decides_between_sizes_of_one_model() -> None:
+    forty = find_gpu("A100 SXM 40GB").usable_bytes
+    assert card_for_device("NVIDIA A100-SXM4", forty).name == "A100 SXM 40GB"  # type: ignore[union-attr]
+    assert card_for_device("NVIDIA A100-SXM4").name == "A100 SXM 80GB"  # type: ignore[union-attr]
+    assert card_for_device("Intel Arc A770") is None and card_for_device("") is None

@@ -144,3 +144,38 @@ def find_gpu(name: str) -> Gpu:
         return partial[0]
     names = ", ".join(g.name for g in gpus)
     raise InputError("--gpu", f"unknown GPU {name!r}; known: {names}")
+
+
+# words of driver-reported names that say nothing about which catalog card it is
+_DEVICE_NOISE = {"nvidia", "tesla", "geforce", "hbm3", "hbm3e", "hbm2", "hbm2e", "gddr6", "gddr6x", "gb"}
+
+
+def _device_words(text: str) -> list[str]:
+    out = []
+    for word in re.split(r"[^a-z0-9]+", re.sub(r"\(.*?\)", "", text.lower())):
+        if not word or word in _DEVICE_NOISE:
+            continue
+        out.append(re.sub(r"^(sxm|pcie)\d$", r"\1", word))  # SXM4/SXM5 -> sxm
+    return out
+
+
+def card_for_device(device_name: str, memory_bytes: int | None = None) -> Gpu | None:
+    """The catalog card a driver's device name means ('NVIDIA H200' -> H200 SXM, 'NVIDIA A100-SXM4-80GB' -> A100
+    SXM 80GB, 'Tesla T4' -> T4): the card's model number must be in the name; then the card sharing most words
+    with it (form factor, memory size), then the one nearest `memory_bytes` (the device's total, when known),
+    then the catalog's order (SXM first). None when no card matches."""
+    words = _device_words(device_name)
+    if not words:
+        return None
+    best: tuple[int, float, int] | None = None
+    found = None
+    for i, gpu in enumerate(load_gpus()):
+        names = _device_words(gpu.name)
+        if not names or names[0] not in words:
+            continue
+        score = sum(1 for w in words if w in names or any(n.startswith(w) for n in names))
+        gap = abs(gpu.usable_bytes - memory_bytes) / gpu.usable_bytes if memory_bytes else 0.0
+        key = (score, -gap, -i)
+        if best is None or key > best:
+            best, found = key, gpu
+    return found
