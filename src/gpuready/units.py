@@ -6,8 +6,9 @@ import re
 
 from gpuready.errors import InputError
 
-GIB = 1024**3
+KIB = 1024
 MIB = 1024**2
+GIB = 1024**3
 
 _UNITS = {
     "": 1,
