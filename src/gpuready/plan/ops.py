@@ -16,7 +16,7 @@ under PyTorch autograd, torchvision's ResNet/ViT, torch.optim's foreach AdamW/SG
   routing weights, the rows put back in order and summed per token. The FLOPs follow the active parameters
   (each token through experts_per_token experts); the weights read are those of the experts hit
   (`expert_spread`: all of them at training sizes, experts_per_token of them in a batch-1 decode step).
-- Attention by the kernel SDPA picks (memory/lm.py's `attention_backend`, read-only): flash and memory-efficient
+- Attention by the kernel SDPA picks (memory/lm/context.py's `attention_backend`, read-only): flash and memory-efficient
   kernels are fused (causal: half the S² FLOPs; backward 2.5x the forward, FlashAttention-2 paper §3.1:
   five GEMMs against two); the math path and eager attention are batched GEMMs over the full S² plus
   element-wise passes over the B·heads·S² scores (scale, mask, fp32 softmax, cast back).
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gpuready.memory.dtypes import dtypes_for
-from gpuready.memory.lm import attention_backend, lora_targets
+from gpuready.memory.lm.context import attention_backend, lora_targets
 from gpuready.models.spec import ModelSpec
 from gpuready.models.vision import resnet_convs
 from gpuready.units import MIB
