@@ -344,7 +344,7 @@ def _build_on_meta(torch: Any, transformers: Any, cfg: dict[str, Any], w: Worklo
         if w.method == "lora":
             from peft import LoraConfig, get_peft_model
 
-            from gpuready.memory.lm import default_lora_targets
+            from gpuready.memory.lm.context import default_lora_targets
 
             targets = list(w.lora_targets or default_lora_targets(resolve_model(w.model)))
             lora = LoraConfig(r=w.lora_r, lora_alpha=32, lora_dropout=0.0, target_modules=targets)

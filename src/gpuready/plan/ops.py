@@ -10,7 +10,7 @@ under PyTorch autograd, torchvision's ResNet/ViT, torch.optim's foreach AdamW/SG
   weight trains, the weight gradient (M=out, N=in, K=tokens). LoRA keeps the frozen base's forward and input
   gradient but no weight gradient, and adds the adapter's two skinny GEMMs (rank r) each way.
 - Activation checkpointing (HF gradient_checkpointing: each decoder layer re-runs its forward in backward).
-- Attention by the kernel SDPA picks (memory/lm.py's `attention_backend`, read-only): flash and memory-efficient
+- Attention by the kernel SDPA picks (memory/lm/context.py's `attention_backend`, read-only): flash and memory-efficient
   kernels are fused (causal: half the S² FLOPs; backward 2.5x the forward, FlashAttention-2 paper §3.1:
   five GEMMs against two); the math path and eager attention are batched GEMMs over the full S² plus
   element-wise passes over the B·heads·S² scores (scale, mask, fp32 softmax, cast back).
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gpuready.memory.dtypes import dtypes_for
-from gpuready.memory.lm import attention_backend, lora_targets
+from gpuready.memory.lm.context import attention_backend, lora_targets
 from gpuready.models.spec import ModelSpec
 from gpuready.models.vision import resnet_convs
 from gpuready.workload import Workload
