@@ -3,7 +3,7 @@
 # (benchmarks/jobs_NAME_a.txt on GPU 0, jobs_NAME_b.txt on GPU 1), measured by benchmarks/calibrate.py; then, if
 # benchmarks/jobs_NAME_ddp.txt exists, its jobs under torchrun on both GPUs. Jobs marked `history=H` record the
 # caching allocator's history (all of them land in $OUT/histories_NAME.tgz). Writes $OUT/h200_NAME_{a,b,ddp}.jsonl
-# and the logs, and prints one line per job. Used for NAME = heldout3, heldout5, heldout6, heldout7.
+# and the logs, and prints one line per job. Used for NAME = heldout3, heldout5, heldout6, heldout7, families2, families3.
 #     bash benchmarks/gpu_heldout.sh heldout7 $OUT
 set -u
 name=$1

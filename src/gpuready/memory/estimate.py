@@ -139,13 +139,20 @@ def device_overhead_bytes(w: Workload) -> int:
 def trainable_params(spec: ModelSpec, w: Workload) -> int:
     if w.method == "full" or not w.training:
         return spec.params if w.training else 0
-    from gpuready.memory.lm.context import lora_targets
+    from gpuready.memory.lm.context import default_lora_targets, dense_lora, layer_linears, lora_targets
+    from gpuready.memory.lm.moe import expert_adapter_params
+
+    def adapters(layer: int, targets: frozenset[str]) -> int:
+        lins = layer_linears(spec, layer)
+        return sum(w.lora_r * (lin.in_features + lin.out_features) for lin in lins if lin.name in targets)
 
     targets = lora_targets(spec, w)
-    per_layer = sum(
-        w.lora_r * (lin.in_features + lin.out_features) for lin in spec.block_linears if lin.name in targets
-    )
-    return per_layer * spec.layers
+    # an MoE model's dense layers have their own MLP (lm/context.layer_linears); peft's adapters on the fused
+    # experts (lm/moe.py)
+    dense = spec.dense_layers * adapters(0, targets | dense_lora(spec, w)) if spec.dense_layers else 0
+    moe = (spec.layers - spec.dense_layers) * adapters(spec.layers - 1, targets)
+    wanted = set(w.lora_targets or default_lora_targets(spec))
+    return dense + moe + expert_adapter_params(spec, w, wanted)
 
 
 def estimate(

@@ -113,9 +113,11 @@ class ModelSpec:
 
     @property
     def kv_bytes_per_token_per_layer_elems(self) -> int:
-        """Elements cached per token per layer (K and V). MLA: HF caches the decompressed K and V."""
+        """Elements cached per token per layer (K and V). MLA: transformers 5 caches the compressed latent
+        (DeepseekV2/V3Attention: `past_key_values.update(kv_nope, k_rot)`, kv_lora_rank + qk_rope_head_dim, one
+        head) and expands it at every step."""
         if self.mla:
-            return self.heads * (self.qk_nope_dim + self.qk_rope_dim) + self.heads * self.v_head_dim
+            return self.kv_lora_rank + self.qk_rope_dim
         return 2 * self.kv_heads * self.head_dim
 
 

@@ -60,6 +60,12 @@ class Layer:
         if self.keep:
             self.saved.append(Saved(NOTHING_KEPT, 0, (nbytes,)))
 
+    def grad_node(self, grad_bytes: int) -> None:
+        """A node that keeps nothing of its own but makes an activation gradient in backward (a matmul with a
+        frozen weight)."""
+        if self.keep:
+            self.saved.append(Saved(NOTHING_KEPT, grad_bytes))
+
     def finish(self) -> list[Saved]:
         for handle in self.temps:
             self.prog.free(handle)

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 from gpuready.memory.lm.context import Ctx, mlp_width
+from gpuready.memory.lm.moe import (
+    EXPERTS_INTERFACE_TYPES,
+    batched_experts_decode,
+    grouped_experts_nograd,
+    llama4_experts_nograd,
+)
 from gpuready.memory.lm.ops import eager_nograd, rms_norm_nograd
 from gpuready.memory.program import Program
 
@@ -16,10 +22,14 @@ def block_nograd(
     keep_input: bool = False,
     casts: list[int] | None = None,
     cache_casts: bool = True,
+    decode: bool = False,
+    context: int = 0,
 ) -> tuple[int, list[int]]:
     """One decoder layer's forward without autograd (inference, or the first pass of a checkpointed layer):
     tensors are freed as soon as Python drops them. Returns the new residual handle and, with cache_kv,
-    the layer's K and V (kept as the KV cache; otherwise they are freed).
+    the layer's K and V (kept as the KV cache; otherwise they are freed). `decode`: one of generate()'s decode
+    steps (MoE experts run batched_mm there); `context`: the tokens attention reads (the cache's length while
+    decoding; MLA expands all of them again).
 
     `casts` (a list): the layer runs under torch.autocast(bfloat16) with fp32 weights and an fp32 residual stream,
     as the recorded history of llama-3.2-1b mixed + checkpointing (ft_llama1b_mixed_ckpt_s4096) shows its
@@ -95,6 +105,8 @@ def block_nograd(
         return _gpt2_block_nograd(prog, ctx, x, cache_kv, keep_input)
     if spec.model_type == "gpt_neox" and spec.parallel_residual:
         return _neox_block_nograd(prog, ctx, x, cache_kv, keep_input)
+    if spec.mla:
+        return _mla_block_nograd(prog, ctx, x, layer, cache_kv, keep_input, decode, context or T)
     normed = norm()
     # phi-3's fused qkv_proj: q, k and v are views of one output, alive until v is rebound to the cache's copy
     fused_qkv = any(lin.name.endswith("qkv_proj") for lin in spec.block_linears)
@@ -167,7 +179,13 @@ def block_nograd(
     prog.free(o)
     normed = norm()
     Tm = T * fan
-    if any(lin.name.endswith("gate_up_proj") for lin in spec.block_linears):
+    if (
+        spec.experts
+        and layer >= spec.dense_layers
+        and (spec.model_type == "llama4_text" or spec.model_type in EXPERTS_INTERFACE_TYPES)
+    ):
+        down = _moe_nograd(prog, ctx, decode)
+    elif any(lin.name.endswith("gate_up_proj") for lin in spec.block_linears):
         # phi-3: gate and up are chunks (views) of one output, alive until the MLP returns; silu(gate), the product
         fused = prog.alloc("activations", 2 * Tm * width * e)
         act = prog.alloc("activations", Tm * width * e)
@@ -177,14 +195,7 @@ def block_nograd(
         prog.free(prod)
         prog.free(fused)
     else:
-        routed = 0
-        if spec.model_type == "llama4_text" and fan > 1:
-            # Llama4TextMoe: hidden_states.repeat(num_experts, 1), then that times the router's scores
-            rep = prog.alloc("activations", Tm * h * e)
-            routed = prog.alloc("activations", Tm * h * e)
-            prog.free(rep)
         gate = project("gate_proj", Tm * width * e, True)
-        prog.free(routed)
         act = prog.alloc("activations", Tm * width * e)
         prog.free(gate)
         if spec.gated_mlp:
@@ -203,6 +214,107 @@ def block_nograd(
     if not keep_input:
         prog.free(x)  # the caller's loop variable holds the layer's input until the layer returns
     return x3, kept
+
+
+def _mla_block_nograd(
+    prog: Program, ctx: Ctx, x: int, layer: int, cache_kv: bool, keep_input: bool, decode: bool, context: int
+) -> tuple[int, list[int]]:
+    """A DeepSeek-V2/V3 layer without autograd as transformers 5.x runs it (DeepseekV3Attention; the recorded
+    history of DeepSeek-V3 generation): q through q_a_proj, its RMSNorm and q_b_proj (or q_proj); the compressed
+    latent (kv_a_proj_with_mqa), its RMSNorm and the interleaved RoPE on the rotary parts; the cache keeps the
+    latent (kv_lora_rank + qk_rope_head_dim per token, one head) and every step expands all `context` cached
+    tokens again: kv_b_proj's output, the keys (a new tensor, nope and rope parts copied in), V made contiguous by
+    SDPA, the output; then the MLP (dense, or the MoE of memory/moe.py). Returns the new residual's handle and
+    the layer's cache tensors (with cache_kv)."""
+    spec, dt, T = ctx.spec, ctx.dt, ctx.tokens
+    h, e, r, a = spec.hidden, dt.act, dt.resid, spec.heads
+    nope, rot, vd, klr = spec.qk_nope_dim, spec.qk_rope_dim, spec.v_head_dim, spec.kv_lora_rank
+    alloc, free = prog.alloc, prog.free
+    normed = rms_norm_nograd(prog, T, h, r)
+    if spec.q_lora_rank:
+        qa = alloc("activations", T * spec.q_lora_rank * e)
+        qn = rms_norm_nograd(prog, T, spec.q_lora_rank, r)
+        free(qa)
+        q = alloc("activations", T * a * (nope + rot) * e)
+        free(qn)
+    else:
+        q = alloc("activations", T * a * (nope + rot) * e)
+    latent = alloc("activations", T * (klr + rot) * e)
+    kv_nope = rms_norm_nograd(prog, T, klr, r)
+    # apply_rotary_pos_emb_interleave: the even/odd halves times cos and sin, concatenated
+    prog.transient("activations", *[T * a * rot * e // 2] * 4)
+    q_rot = alloc("activations", T * a * rot * e)
+    k_rot = alloc("activations", T * rot * e)
+    free(latent)
+    kept = [kv_nope, k_rot] if cache_kv else []
+    query = alloc("activations", T * a * (nope + rot) * e)  # torch.cat((q_pass, q_rot))
+    C = context
+    kvb = alloc("activations", C * a * (nope + vd) * e)  # kv_b_proj over every cached token
+    key = alloc("activations", C * a * (nope + rot) * e)  # new_empty, k_nope and k_rot copied in
+    v = alloc("activations", C * a * vd * e)  # SDPA's contiguous V
+    attn = alloc("activations", T * a * vd * e)
+    free(v)
+    o = alloc("activations", T * h * e)
+    prog.free_all([attn, query, q_rot, q, key, kvb, normed])
+    if not cache_kv:
+        prog.free_all([kv_nope, k_rot])
+    x2 = alloc("activations", T * h * r)
+    free(o)
+    normed = rms_norm_nograd(prog, T, h, r)
+    if spec.experts and layer >= spec.dense_layers:
+        down = _moe_nograd(prog, ctx, decode)
+    else:
+        i = spec.intermediate
+        gate = alloc("activations", T * i * e)
+        act = alloc("activations", T * i * e)
+        free(gate)
+        up = alloc("activations", T * i * e)
+        prod = alloc("activations", T * i * e)
+        prog.free_all([act, up])
+        down = alloc("activations", T * h * e)
+        free(prod)
+    free(normed)
+    x3 = alloc("activations", T * h * r)
+    prog.free_all([down, x2])
+    if not keep_input:
+        free(x)
+    return x3, kept
+
+
+def _moe_nograd(prog: Program, ctx: Ctx, decode: bool) -> int:
+    """An MoE layer's MLP without autograd: the routed experts (memory/moe.py; generate()'s decode steps run
+    batched_mm), then the shared expert on the same input, added. Returns the MLP output's handle."""
+    spec, T, e = ctx.spec, ctx.tokens, ctx.dt.act
+    h = spec.hidden
+    ends: list[int] = []
+    if spec.model_type == "llama4_text":
+        routed, ends = llama4_experts_nograd(prog, ctx, T)
+    elif decode:
+        routed = batched_experts_decode(prog, ctx, T)
+    else:
+        routed = grouped_experts_nograd(prog, ctx, T)
+    if not spec.shared_intermediate:
+        return routed
+    s = spec.shared_intermediate
+    gate = prog.alloc("activations", T * s * e)
+    act = prog.alloc("activations", T * s * e)
+    prog.free(gate)
+    up = prog.alloc("activations", T * s * e)
+    prod = prog.alloc("activations", T * s * e)
+    prog.free(act)
+    prog.free(up)
+    out = prog.alloc("activations", T * h * e)
+    prog.free(prod)
+    if spec.model_type == "llama4_text":
+        # out.add_(routed_out.reshape(E, T, h).sum(dim=0)): the sum's fp32 accumulation and its bf16 result
+        prog.transient("activations", T * h * e, T * h * 4)
+    else:
+        total = prog.alloc("activations", T * h * e)  # routed + shared_experts(residuals)
+        prog.free(out)
+        out = total
+    prog.free(routed)
+    prog.free_all(ends)
+    return out
 
 
 def _neox_block_nograd(prog: Program, ctx: Ctx, x: int, cache_kv: bool, keep_input: bool) -> tuple[int, list[int]]:

@@ -4,9 +4,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from gpuready.memory.lm.autograd import Layer, Saved
 from gpuready.memory.lm.blocks_recorded import gpt2_block_forward, plain_block_forward, recorded_layer_order
-from gpuready.memory.lm.context import GEMMA_NORMS, Ctx, mlp_width, softmax_upcast_copy
+from gpuready.memory.lm.context import GEMMA_NORMS, Ctx, layer_linears, layer_lora, mlp_width, softmax_upcast_copy
+from gpuready.memory.lm.moe import EXPERTS_INTERFACE_TYPES, grouped_experts_forward, llama4_experts_forward
 from gpuready.memory.program import Program
 from gpuready.models.spec import Linear
 
@@ -30,6 +33,7 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
     full = ctx.full
     layer_ = Layer(prog, keep)
     save, tmp, drop = layer_.save, layer_.tmp, layer_.drop
+    adapted = layer_lora(ctx, layer)
 
     def norm() -> int:
         """RMSNorm as LlamaRMSNorm runs it: x.to(fp32) (kept by pow; in fp32 runs the input itself), pow,
@@ -81,7 +85,7 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
         elif full:
             # the shared input is already kept (once, by the norm): this node only makes the weight's gradient
             layer_.weight_grad(w_grad)
-        if lin.name in ctx.lora:
+        if lin.name in adapted:
             # peft's Linear.forward: x cast to the adapter's fp32 (kept by lora_A), lora_A's output (kept by
             # lora_B), then lora_B's output, its product with the scaling and the sum with the base output, all
             # in fp32 before the result is cast back; backward makes fp32 gradients of the same sizes
@@ -90,7 +94,7 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
             save(T * ctx.w.lora_r * 4, 0, ())
             prog.transient("activations", out, out)
 
-    lins = {lin.name: lin for lin in spec.block_linears}
+    lins = {lin.name: lin for lin in layer_linears(spec, layer)}
     # --- attention
     normed = norm()
     q_width = a * (spec.qk_nope_dim + spec.qk_rope_dim) if spec.mla else a * d
@@ -182,6 +186,17 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
     normed = norm()
     width, fan = mlp_width(spec, layer)
     Tm = T * fan
+    if (
+        spec.experts
+        and layer >= spec.dense_layers
+        and (spec.model_type == "llama4_text" or spec.model_type in EXPERTS_INTERFACE_TYPES)
+    ):
+        _moe_forward(layer_, ctx, linear_in, normed)
+        down_out = tmp(T * h * e)
+        tmp(T * h * r)  # the layer's output, residual + MLP output (dropped with the other temporaries below)
+        drop(down_out)
+        drop(resid)
+        return layer_.finish()
     gate_up = [n for n in ("gate_proj", "up_proj", "gate_up_proj", "c_fc", "dense_h_to_4h") if n in lins]
     for name in gate_up:
         lin = lins[name]
@@ -212,7 +227,7 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
         lin = Linear(down.name, down.in_features, down.out_features, down.bias, 1)
         if full:
             save(Tm * width * e, 0, (down.in_features * down.out_features * down.count * dt.param,))
-        elif down.name in ctx.lora:
+        elif down.name in adapted:
             linear_in(lin, width, False)
     if spec.shared_intermediate and layer >= spec.dense_layers:
         s = spec.shared_intermediate
@@ -229,3 +244,44 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
     drop(down_out)
     drop(resid)
     return layer_.finish()
+
+
+def _moe_forward(layer_: Layer, ctx: Ctx, linear_in: Callable[[Linear, int, bool], None], normed: int) -> None:
+    """An MoE layer's MLP under autograd: the routed experts as transformers runs them (lm/moe.py), then the
+    shared expert (a gated MLP on the same normed input: its linears keep what peft's LoRA or full fine-tuning
+    needs; under peft's expert conversion they are frozen), the two outputs added."""
+    spec, T, e = ctx.spec, ctx.tokens, ctx.dt.act
+    h = spec.hidden
+    ends: list[int] = []
+    if spec.model_type == "llama4_text":
+        routed, ends = llama4_experts_forward(layer_, ctx)
+    else:
+        routed = grouped_experts_forward(layer_, ctx, ctx.expert_lora)
+    out = 0
+    if spec.shared_intermediate:
+        s = spec.shared_intermediate
+        shared = {lin.name.split(".")[-1]: lin for lin in spec.block_linears if lin.name.startswith("shared_expert")}
+        linear_in(shared["gate_proj"], h, True)
+        linear_in(shared["up_proj"], h, True)
+        layer_.save(T * s * e, T * s * e)  # gate output, kept by the activation
+        layer_.save(T * s * e, T * s * e)  # the activation, kept by the product
+        layer_.save(T * s * e, T * s * e, (), (T * s * e,))  # up output, kept by the product
+        down = shared["down_proj"]
+        if ctx.full:
+            layer_.save(T * s * e, 0, (down.in_features * down.out_features * ctx.dt.param,))
+        elif down.name in ctx.lora:
+            linear_in(down, s, False)
+        out = layer_.tmp(T * h * e)
+        if spec.model_type == "llama4_text":
+            # out.add_(routed_out.reshape(E, T, h).sum(dim=0)): the sum's fp32 accumulation and its bf16 result
+            layer_.prog.transient("activations", T * h * e, T * h * 4)
+        else:
+            total = layer_.tmp(T * h * e)  # routed + shared_experts(residuals)
+            layer_.drop(out)
+            out = total
+    for handle in [routed, *ends]:
+        layer_.drop(handle)
+    if normed:
+        layer_.drop(normed)
+    if out:
+        layer_.drop(out)

@@ -11,8 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuready.memory.dtypes import Dtypes, dtypes_for
+from gpuready.memory.lm.moe import (
+    EXPERT_MODULE_NAMES,
+    NO_EXPERT_LORA,
+    ExpertLora,
+    converts_expert_targets,
+    expert_lora,
+)
 from gpuready.models.lora import default_lora_targets
-from gpuready.models.spec import ModelSpec
+from gpuready.models.spec import Linear, ModelSpec
 from gpuready.workload import Workload
 
 # families whose norms follow Gemma-2's recorded program (the fp32 y kept for (1 + weight) * y). Gemma3RMSNorm is
@@ -32,6 +39,7 @@ class Ctx:
     backend: str  # attention kernel: flash, efficient, math, eager
     mask: bool  # an explicit attention mask is built (sliding window shorter than the sequence)
     shards: int = 1  # FSDP: parameters, gradients and optimizer states are split over this many GPUs
+    expert_lora: ExpertLora = NO_EXPERT_LORA  # peft's adapters on the fused experts (lm/moe.py)
 
 
 def lora_targets(spec: ModelSpec, w: Workload) -> frozenset[str]:
@@ -41,7 +49,51 @@ def lora_targets(spec: ModelSpec, w: Workload) -> frozenset[str]:
     wanted = set(w.lora_targets or default_lora_targets(spec))
     # peft matches a target by the module name's last component; gpt2's two c_proj are both matched by c_proj
     hit = {n for n in names if n in wanted or n.split(".")[-1] in wanted}
+    if converts_expert_targets(spec):
+        # peft 0.21 moves these names onto the fused experts' parameters (memory/lm/moe.py): no nn.Linear of that
+        # name is adapted, neither a dense layer's MLP nor a shared expert
+        hit = {n for n in hit if n.split(".")[-1] not in EXPERT_MODULE_NAMES}
     return frozenset(hit)
+
+
+def dense_lora(spec: ModelSpec, w: Workload) -> frozenset[str]:
+    """The MLP linears peft adapts in the dense layers of an MoE model (Llama 4's interleaved Llama4TextMLP): the
+    target names of the experts, where peft does not move them onto the fused experts (memory/lm/moe.py)."""
+    if w.method == "full" or not w.training or not spec.dense_layers or converts_expert_targets(spec):
+        return frozenset()
+    wanted = {n.split(".")[-1] for n in (w.lora_targets or default_lora_targets(spec))}
+    return frozenset(n for n in EXPERT_MODULE_NAMES if n in wanted)
+
+
+def layer_linears(spec: ModelSpec, layer: int) -> tuple[Linear, ...]:
+    """The linears of this layer: an MoE model's dense layers (DeepSeek's leading first_k_dense_replace, Llama 4's
+    layers between the MoE ones) have one MLP of intermediate_size in place of the experts and no shared expert."""
+    if layer >= spec.dense_layers:
+        return spec.block_linears
+    out: list[Linear] = []
+    for lin in spec.block_linears:
+        if lin.name.startswith("shared_expert"):
+            continue
+        if lin.count > 1:
+            h = spec.hidden
+            i = spec.intermediate
+            lin = Linear(lin.name, h if lin.in_features == h else i, h if lin.out_features == h else i, lin.bias, 1)
+        out.append(lin)
+    return tuple(out)
+
+
+def layer_lora(ctx: Ctx, layer: int) -> frozenset[str]:
+    """Names of this layer's linears that carry a LoRA adapter."""
+    if layer < ctx.spec.dense_layers:
+        return ctx.lora | dense_lora(ctx.spec, ctx.w)
+    return ctx.lora
+
+
+def experts_lora(spec: ModelSpec, w: Workload) -> ExpertLora:
+    """peft's adapters on the fused experts of each MoE layer for this job (none for full fine-tuning)."""
+    if w.method == "full" or not w.training:
+        return NO_EXPERT_LORA
+    return expert_lora(spec, set(w.lora_targets or default_lora_targets(spec)), w.lora_r)
 
 
 def attention_backend(spec: ModelSpec, w: Workload, dt: Dtypes, seq: int) -> tuple[str, bool]:
@@ -69,7 +121,8 @@ def make_ctx(spec: ModelSpec, w: Workload) -> Ctx:
     tokens = w.batch * w.seq
     backend, mask = attention_backend(spec, w, dt, w.seq)
     shards = w.gpus if w.shard == "fsdp" else 1
-    return Ctx(spec, w, dt, tokens, w.method == "full", lora_targets(spec, w), backend, mask, shards)
+    lora = lora_targets(spec, w)
+    return Ctx(spec, w, dt, tokens, w.method == "full", lora, backend, mask, shards, experts_lora(spec, w))
 
 
 def mlp_width(spec: ModelSpec, layer: int) -> tuple[int, int]:

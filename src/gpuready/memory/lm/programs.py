@@ -370,7 +370,7 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
             x = prog.alloc("activations", B * h * ctx.dt.resid) if full_step else 0
             for layer in range(spec.layers):
                 if full_step:
-                    x, _ = block_nograd(prog, decode, x, layer, cache_kv=False)
+                    x, _ = block_nograd(prog, decode, x, layer, cache_kv=False, decode=True, context=B * t)
                 for i in (0, 1):
                     old = cache[2 * layer + i]
                     cache[2 * layer + i] = prog.alloc("kv_cache", B * window(t, layer) * kv_tok)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuready.memory.lm.context import Ctx
+from gpuready.memory.lm.context import Ctx, layer_linears, layer_lora
+from gpuready.memory.lm.moe import expert_adapter_numels
 from gpuready.memory.optimizer import Trainable
 from gpuready.memory.program import Program
 from gpuready.models.spec import Linear
@@ -61,30 +62,22 @@ def load_weights(prog: Program, ctx: Ctx, whole_first: bool = True) -> Weights:
     for layer in range(spec.layers):
         unit = layer
         dense = layer < spec.dense_layers
-        for lin in spec.block_linears:
-            if dense and lin.count > 1:
-                # deepseek's leading dense layers: one MLP of intermediate_size instead of the experts
-                lin = Linear(
-                    lin.name,
-                    lin.in_features if lin.in_features == h else spec.intermediate,
-                    spec.intermediate if lin.out_features != h else h,
-                    lin.bias,
-                    1,
-                )
-            if dense and lin.name.startswith("shared_expert"):
-                continue
+        adapted = layer_lora(ctx, layer)
+        for lin in layer_linears(spec, layer):
             numel = lin.in_features * lin.out_features * lin.count
             param(_linear_weight_bytes(ctx, lin), numel, ctx.full)
             cast_bytes += numel * 2
             if lin.bias:
                 param(lin.out_features * lin.count * p, lin.out_features * lin.count, ctx.full)
-            if lin.name in ctx.lora:
+            if lin.name in adapted:
                 r = ctx.w.lora_r
                 # peft creates adapters in fp32 (get_peft_model(autocast_adapter_dtype=True), peft >= 0.12)
                 param(r * lin.in_features * 4, r * lin.in_features, True, "lora_adapters")
                 param(lin.out_features * r * 4, lin.out_features * r, True, "lora_adapters")
         if spec.experts and not dense:
             param(h * spec.experts * p, h * spec.experts, ctx.full)  # router
+            for numel in expert_adapter_numels(spec, ctx.expert_lora):  # fp32, as peft casts every adapter
+                param(numel * 4, numel, True, "lora_adapters")
         for _ in range(spec.norms_per_layer):
             param(norm_numel * p, norm_numel, ctx.full)
         if spec.qk_norm:
