@@ -88,3 +88,24 @@ def test_an_equality_that_holds_at_one_batch_only_gives_no_answer() -> None:
         _ = b * 2 == 8  # batch 4
     with pytest.raises(NotAffine):
         bool(b - 1)  # zero at batch 1
+
+
+def test_programs_built_in_another_thread_while_recording_stay_plain() -> None:
+    import threading
+
+    from gpuready.memory.template import _recording
+
+    seen: list[list[int]] = []
+
+    def other() -> None:
+        prog = Program()
+        prog.free(prog.alloc("activations", 1000))
+        seen.append(prog.events)
+
+    with _recording() as made:
+        Program()  # this thread's program is recorded
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+    assert len(made) == 1
+    assert seen == [[1024, -1]]

@@ -85,6 +85,8 @@ def _program(spec: ModelSpec, w: Workload, meta_init: bool = False) -> Program:
     batch of a job is built; from the second, the job's batch template (memory/template.py) writes it out, where the
     program is affine in the batch."""
     structure = w.model_copy(update={"batch": 1})
+    if len(_first_batch) > 4096:
+        _first_batch.clear()
     first = _first_batch.setdefault((spec, structure, meta_init), w.batch)
     if first != w.batch:
         template = _template(spec, structure, meta_init)

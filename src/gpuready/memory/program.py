@@ -8,7 +8,7 @@ building a program costs one append per event.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
 from dataclasses import dataclass, field
 
 # PyTorch rounds every allocation up to a multiple of 512 bytes (kMinBlockSize, c10/cuda/CUDACachingAllocator.cpp)
@@ -19,8 +19,9 @@ def rounded(nbytes: int) -> int:
     return max(ROUND, (nbytes + ROUND - 1) // ROUND * ROUND) if nbytes > 0 else 0
 
 
-# called with every new Program while memory/template.py records a program with the batch as a symbol (None else)
-ON_NEW_PROGRAM: Callable[[Program], None] | None = None
+# `on_new`: called with every Program made in this thread while memory/template.py records a program with the batch
+# as a symbol (absent otherwise; per thread, so that programs built meanwhile in other threads are plain)
+HOOKS = threading.local()
 
 
 @dataclass
@@ -47,8 +48,9 @@ class Program:
 
     def __post_init__(self) -> None:
         self.set_phase(self.phase)
-        if ON_NEW_PROGRAM is not None:
-            ON_NEW_PROGRAM(self)
+        hook = getattr(HOOKS, "on_new", None)
+        if hook is not None:
+            hook(self)
 
     def set_phase(self, name: str) -> None:
         self.phase = name

@@ -254,12 +254,13 @@ def _recording() -> Iterator[list[_Recorder]]:
         prog.set_phase = rec.set_phase  # type: ignore[method-assign]
         made.append(rec)
 
-    before = program_module.ON_NEW_PROGRAM
-    program_module.ON_NEW_PROGRAM = hook
+    hooks = program_module.HOOKS
+    before = getattr(hooks, "on_new", None)
+    hooks.on_new = hook
     try:
         yield made
     finally:
-        program_module.ON_NEW_PROGRAM = before
+        hooks.on_new = before
 
 
 def build_template(build: Callable[[Any], Program], workload: Any) -> Template | None:
