@@ -53,7 +53,15 @@ def _float_product(w: Workload) -> Program:
     return prog
 
 
-@pytest.mark.parametrize("build", [_branchy, _rounding_read_back, _float_product])
+def _running_total_read_back(w: Workload) -> Program:
+    prog = Program()
+    prog.alloc("activations", w.batch * 1000)
+    if prog.allocated > 10_000:  # depends on the batch through the running total
+        prog.alloc("activations", 10)
+    return prog
+
+
+@pytest.mark.parametrize("build", [_branchy, _rounding_read_back, _float_product, _running_total_read_back])
 def test_a_use_of_the_batch_that_differs_between_batches_gives_no_template(build: object) -> None:
     assert build_template(build, make_workload(model="gpt2")) is None  # type: ignore[arg-type]
 

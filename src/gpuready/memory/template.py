@@ -148,6 +148,22 @@ class Batch:
     __rpow__ = __truediv__
 
 
+class _Unknown:
+    """What a Program's running figures (allocated, peaks, events, sizes) are while its batch is a symbol: any use
+    of them raises, so a builder that reads them back cannot take a template."""
+
+    def _refuse(self, *args: Any) -> Any:
+        raise NotAffine("a running figure of the program read back while the batch is a symbol")
+
+    __int__ = __index__ = __float__ = __bool__ = __len__ = __iter__ = __getitem__ = __contains__ = _refuse
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __hash__ = _refuse
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __floordiv__ = __truediv__ = _refuse
+    __neg__ = __setitem__ = __delitem__ = _refuse
+
+
+UNKNOWN: Any = _Unknown()
+
+
 class _Recorder:
     """Program's alloc/free/size_of/set_phase for a build with a symbolic batch (bound onto the Program)."""
 
@@ -248,6 +264,9 @@ def _recording() -> Iterator[list[_Recorder]]:
 
     def hook(prog: Program) -> None:
         rec = _Recorder(prog)
+        for name in ("events", "sizes", "allocated", "peak_allocated", "phase_peaks", "phase_peak_events"):
+            setattr(prog, name, UNKNOWN)
+        prog.largest_request = UNKNOWN
         prog.alloc = rec.alloc  # type: ignore[method-assign]
         prog.free = rec.free  # type: ignore[method-assign]
         prog.size_of = rec.size_of  # type: ignore[method-assign]
