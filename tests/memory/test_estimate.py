@@ -10,7 +10,8 @@ import pytest
 
 from gpuready.memory import estimate, largest_batch
 from gpuready.memory.dtypes import dtypes_for
-from gpuready.memory.lm import STEPS, attention_backend, lora_targets, make_ctx
+from gpuready.memory.lm.context import attention_backend, lora_targets, make_ctx
+from gpuready.memory.lm.programs import STEPS
 from gpuready.models import resolve_model
 from gpuready.workload import make_workload, workload_from_args
 
@@ -248,7 +249,7 @@ def test_calibration_rows_stay_within_the_issue_targets() -> None:
 
 
 def test_fsdp_models_the_unsharded_build_and_three_streams() -> None:
-    from gpuready.memory.lm import train_program
+    from gpuready.memory.lm.programs import train_program
     from gpuready.models import resolve_model
     from gpuready.workload import make_workload
 
@@ -270,7 +271,8 @@ def test_ddp_rebuilds_its_buckets_in_gradient_order() -> None:
     from collections import Counter
 
     from gpuready.memory.ddp import ddp_bucket_sizes
-    from gpuready.memory.lm import load_weights, make_ctx
+    from gpuready.memory.lm.context import make_ctx
+    from gpuready.memory.lm.weights import load_weights
     from gpuready.memory.program import Program
     from gpuready.models import resolve_model
     from gpuready.workload import make_workload
@@ -352,8 +354,8 @@ TRIAL_RUNS = Path(__file__).resolve().parents[2] / "docs" / "trial" / "gpu_runs"
 
 def test_lora_sweep_measured_with_the_trial_stays_within_one_percent() -> None:
     """docs/trial/gpu_runs/llama8b_lora_s2048_sweep.json: llama-3.1-8b LoRA at 2048 tokens, batch 1, 2 and 4 on the
-    H200. The LoRA layers follow the recorded allocation order (memory/lm.py _plain_block_forward); before they
-    did, the reserve ran 2.4-4.0% low and the gap grew with the batch."""
+    H200. The LoRA layers follow the recorded allocation order (memory/lm/blocks_recorded.py plain_block_forward);
+    before they did, the reserve ran 2.4-4.0% low and the gap grew with the batch."""
     doc = json.loads((TRIAL_RUNS / "llama8b_lora_s2048_sweep.json").read_text(encoding="utf-8"))
     points = [p for p in doc["points"] if p["status"] == "ok"]
     assert len(points) >= 3
@@ -364,11 +366,11 @@ def test_lora_sweep_measured_with_the_trial_stays_within_one_percent() -> None:
 
 
 def test_recorded_layer_order_covers_the_plain_decoders_it_was_recorded_for() -> None:
-    from gpuready.memory.lm import _recorded_layer_order
+    from gpuready.memory.lm.blocks_recorded import recorded_layer_order
 
     def plain(**fields: object) -> bool:
         w = make_workload(**fields)  # type: ignore[arg-type]
-        return _recorded_layer_order(make_ctx(resolve_model(w.model), w), 0)
+        return recorded_layer_order(make_ctx(resolve_model(w.model), w), 0)
 
     assert plain(model="llama-3.1-8b", method="lora")
     assert plain(model="qwen2.5-1.5b")  # bf16 full

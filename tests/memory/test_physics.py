@@ -9,7 +9,7 @@ import pytest
 
 from gpuready.memory import estimate
 from gpuready.memory.dtypes import dtypes_for
-from gpuready.memory.lm import attention_backend
+from gpuready.memory.lm.context import attention_backend
 from gpuready.models import resolve_model
 from gpuready.workload import make_workload, workload_from_args
 
@@ -54,7 +54,7 @@ def test_backward_cublas_workspace_is_made_by_the_first_backward_matmul() -> Non
     # every recorded history (21 of them, docs/calibration/histories) makes the autograd thread's cuBLAS workspace
     # after the loss backward, where it can split a freed fp32-logits block (ddp_qwen05: the next step's logits
     # then need a segment of their own; qwen2.5-0.5b full 8 x 1024 measured 32.52 GiB, 27.90 predicted before)
-    from gpuready.memory.lm import train_program
+    from gpuready.memory.lm.programs import train_program
 
     w = make_workload(model="qwen2.5-0.5b", batch=8, seq=1024)
     prog = train_program(resolve_model(w.model), w)
@@ -128,7 +128,7 @@ def test_fsdp_without_a_card_does_not_build_a_405b_model_whole_on_every_gpu() ->
 def test_decoding_any_number_of_new_tokens_costs_a_bounded_replay() -> None:
     import time
 
-    import gpuready.memory.lm as lm
+    import gpuready.memory.lm.programs as lm
 
     # up to DECODE_EXACT new tokens every step is replayed, so short generations keep their numbers ...
     assert lm.decode_lengths(128) == list(range(1, 129))

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gpuready.memory import estimate
-from gpuready.memory.lm import make_ctx
+from gpuready.memory.lm.context import make_ctx
 from gpuready.models import find_preset, resolve_model
 from gpuready.models.families import FAMILY_TYPES, family_table, unmodelled_features
 from gpuready.models.spec import spec_from_config

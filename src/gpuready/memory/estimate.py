@@ -1,6 +1,6 @@
 """`estimate(workload)`: peak GPU memory of a job from its model's shapes, without torch.
 
-The job is described as its sequence of GPU allocations (memory/lm.py, memory/vision.py); the running total
+The job is described as its sequence of GPU allocations (memory/lm/, memory/vision.py); the running total
 gives peak allocated, its phase and breakdown; a replay through the caching-allocator model
 (memory/allocator.py) gives peak reserved.
 """
@@ -108,7 +108,7 @@ def _build(spec: ModelSpec, w: Workload, meta_init: bool = False) -> Program:
         from gpuready.memory.vision import vision_program
 
         return vision_program(spec, w)
-    from gpuready.memory.lm import infer_program, train_program
+    from gpuready.memory.lm.programs import infer_program, train_program
 
     return train_program(spec, w, meta_init=meta_init) if w.training else infer_program(spec, w)
 
@@ -169,7 +169,7 @@ def device_overhead_bytes(w: Workload) -> int:
 def trainable_params(spec: ModelSpec, w: Workload) -> int:
     if w.method == "full" or not w.training:
         return spec.params if w.training else 0
-    from gpuready.memory.lm import lora_targets
+    from gpuready.memory.lm.context import lora_targets
 
     targets = lora_targets(spec, w)
     per_layer = sum(
@@ -320,7 +320,7 @@ def assumptions(
         f"{device_overhead_bytes(w) / 2**20:.0f} MiB, as measured on an H200 with torch 2.11",
     ]
     if spec.kind == "lm":
-        from gpuready.memory.lm import make_ctx
+        from gpuready.memory.lm.context import make_ctx
 
         ctx = make_ctx(spec, w)
         kernels = {

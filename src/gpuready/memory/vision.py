@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from gpuready.memory.ddp import DdpBuckets
 from gpuready.memory.dtypes import dtypes_for
-from gpuready.memory.lm import CUBLAS_WORKSPACE_BYTES
+from gpuready.memory.lm.ops import CUBLAS_WORKSPACE_BYTES
 from gpuready.memory.optimizer import Trainable, optimizer_step
 from gpuready.memory.program import Program
 from gpuready.models.spec import ModelSpec

@@ -1,0 +1,307 @@
+"""Decoder layers under autograd in the order recorded H200 allocator histories show (plain decoder layers, GPT-2)."""
+
+from __future__ import annotations
+
+from gpuready.memory.lm.autograd import Layer, Saved
+from gpuready.memory.lm.context import GEMMA_NORMS, Ctx
+from gpuready.memory.program import Program
+
+
+def recorded_layer_order(ctx: Ctx, layer: int) -> bool:
+    """Whether this layer's forward can follow the order recorded on the GPU (plain_block_forward): a plain
+    decoder layer (RMSNorm, separate or fused q/k/v, gated MLP, flash, memory-efficient or fp32 math attention
+    without repeated K/V) trained in 16 bits (full or LoRA) or fp32 (full); Gemma-2's four norms in 16 bits."""
+    spec, lins = ctx.spec, {lin.name for lin in ctx.spec.block_linears}
+    attn = {"q_proj", "k_proj", "v_proj"} <= lins or "qkv_proj" in lins
+    mlp = {"gate_proj", "up_proj"} <= lins or "gate_up_proj" in lins
+    expanded = ctx.backend == "efficient" and ctx.mask and spec.kv_heads < spec.heads
+    return (
+        ctx.w.method in ("lora", "full")
+        and (ctx.dt.act == 2 or (ctx.dt.act == 4 and ctx.full))
+        and not ctx.dt.autocast
+        and spec.norm == "rms"
+        and (spec.norms_per_layer == 2 or (spec.model_type in GEMMA_NORMS and spec.norms_per_layer == 4))
+        and spec.gated_mlp
+        and not spec.mla
+        and not spec.shared_intermediate
+        and not (spec.experts and layer >= spec.dense_layers)
+        and spec.model_type != "gpt2"
+        and not (spec.model_type in GEMMA_NORMS and ctx.dt.act == 4)
+        and (ctx.backend in ("flash", "efficient") or (ctx.backend == "math" and ctx.dt.act == 4))
+        and not expanded
+        and attn
+        and mlp
+        and "o_proj" in lins
+        and "down_proj" in lins
+    )
+
+
+def plain_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved]:
+    """A plain decoder layer's forward (16-bit full or LoRA, fp32 full) in the order the recorded H200 histories
+    show it (docs/calibration/histories: lora_llama8b_b1 for LoRA, ft_qwen15_bf16 for 16-bit and ft_qwen05_fp32
+    for fp32 full fine-tuning). Under full fine-tuning the norm outputs, the attention output and the MLP product
+    are kept for the weight gradients; in fp32 the residual stream is kept too (the next norm's pow keeps its input,
+    no fp32 copy being made). Under LoRA, per adapted linear as peft's lora.Linear.forward runs it:
+    the base output; x cast to fp32 (kept by lora_A); lora_A's output (kept by lora_B); lora_B's output, times the
+    scaling, plus the base output, in fp32, each freeing the one before; the sum cast back (the linear's output).
+    Attention keeps the RoPE'd q and k, v (the v projection's own output, or the whole fused qkv output it is a
+    view of), its output and log-sum-exp; the norm's output lives until the attention or MLP returns."""
+    spec, dt, T = ctx.spec, ctx.dt, ctx.tokens
+    h, a, kv, d = spec.hidden, spec.heads, spec.kv_heads, spec.head_dim
+    e, r, rank = dt.act, dt.resid, ctx.w.lora_r
+    full = ctx.full
+    fp32 = e == 4
+    all_lins = {lin.name: lin for lin in spec.block_linears}
+    lins = set(all_lins)
+    layer_ = Layer(prog, keep)
+    alloc, save, save_handle = layer_.alloc, layer_.save, layer_.keep_handle
+
+    def norm() -> int:
+        """The norm's output handle: a temporary under LoRA; under full fine-tuning it is kept (by the
+        projections that read it, whose weights train) and 0 is returned."""
+        if fp32:
+            # x.to(fp32) is x itself: the residual stream, kept by pow (the residual adds below are saved)
+            prog.free(alloc(T * h * 4))  # x ** 2
+            save(T * h * 4, T * h * e, transient=(T * h * 4,) * 3)  # x * rsqrt, kept by weight * y
+            save(T * h * 4)  # weight * y, kept by the projections
+            return 0
+        save(T * h * 4, T * h * e, transient=(T * h * 4,) * 3)  # x.to(fp32), kept by pow
+        prog.free(alloc(T * h * 4))  # x ** 2
+        y32 = alloc(T * h * 4)  # x * rsqrt
+        if full:
+            save(T * h * r)  # .to(dtype), kept by weight * y since the weight trains
+            save(T * h * r)  # weight * y, kept by the projections
+            prog.free(y32)
+            return 0
+        yb = alloc(T * h * r)  # .to(dtype)
+        out = alloc(T * h * r)  # weight * y
+        prog.free(y32)
+        prog.free(yb)
+        return out
+
+    def gemma_norm(src: int = 0, feeds_linears: bool = False) -> int:
+        """Gemma2RMSNorm as the recorded histories of gemma-2-2b (LoRA and full fine-tuning) show it: x.float()
+        (kept by pow), pow, x * rsqrt (kept when the weight trains), * (1 + weight) in fp32, .type_as(x) (the
+        output, kept under full fine-tuning when linears read it). `src` (a projection's output) is freed once the
+        norm is done."""
+        save(T * h * 4, T * h * e, transient=(T * h * 4,) * 3)
+        prog.free(alloc(T * h * 4))
+        xr = 0
+        if full:
+            save(T * h * 4)
+        else:
+            xr = alloc(T * h * 4)
+        scaled = alloc(T * h * 4)
+        if xr:
+            prog.free(xr)
+        out = 0
+        if full and feeds_linears:
+            save(T * h * e)
+        else:
+            out = alloc(T * h * e)
+        prog.free(scaled)
+        if src:
+            prog.free(src)
+        return out
+
+    def weight_grad(name: str) -> None:
+        """Full fine-tuning: the node where backward makes this linear's weight gradient (its input is kept
+        elsewhere: the norm output, the attention output, the MLP product)."""
+        if full:
+            lin = all_lins[name]
+            layer_.weight_grad(lin.in_features * lin.out_features * lin.count * dt.param)
+
+    def project(name: str, width: int, out: int) -> int:
+        """The linear's output handle (T x out in the activation dtype)."""
+        weight_grad(name)
+        if name not in ctx.lora:
+            return alloc(T * out * e)
+        base = alloc(T * out * e)
+        save(T * width * 4, 0, transient=(T * out * 4, T * width * 4))  # x in fp32, kept by lora_A
+        save(T * rank * 4)  # lora_A's output, kept by lora_B
+        b = alloc(T * out * 4)
+        scaled = alloc(T * out * 4)
+        prog.free(b)
+        total = alloc(T * out * 4)
+        prog.free(scaled)
+        prog.free(base)
+        res = alloc(T * out * e)
+        prog.free(total)
+        return res
+
+    def rope(width: int) -> int:
+        # q*cos, -x2, cat, rotate_half(q)*sin, the sum (the new q, kept by attention)
+        a_ = alloc(T * width * e)
+        n_ = alloc(T * width * e // 2)
+        c_ = alloc(T * width * e)
+        prog.free(n_)
+        b_ = alloc(T * width * e)
+        prog.free(c_)
+        new = alloc(T * width * e)
+        prog.free(a_)
+        prog.free(b_)
+        return new
+
+    def head_norm(width: int, src: int) -> int:
+        """Qwen3's q_norm / k_norm (RMSNorm over each head) on a projection's output, which it frees: x.to(fp32)
+        kept, pow, x * rsqrt, .to(dtype) (kept when the weight trains), weight * y (RoPE's input)."""
+        save(T * width * 4, T * width * e, transient=(T * width * 4,) * 3)
+        prog.free(alloc(T * width * 4))
+        y32 = alloc(T * width * 4)
+        if full:
+            save(T * width * e)
+            out = alloc(T * width * e)
+        else:
+            yb = alloc(T * width * e)
+            out = alloc(T * width * e)
+            prog.free(yb)
+        prog.free(y32)
+        prog.free(src)
+        return out
+
+    q_w, kv_w = a * d, kv * d
+    gemma = spec.model_type in GEMMA_NORMS
+    normed = gemma_norm(0, True) if gemma else norm()
+    if "qkv_proj" in lins:
+        q_out = k_out = 0  # q, k and v are views of the fused output
+        v_out = project("qkv_proj", h, q_w + 2 * kv_w)
+    else:
+        q_out = project("q_proj", h, q_w)
+        if spec.qk_norm:
+            q_out = head_norm(q_w, q_out)
+        k_out = project("k_proj", h, kv_w)
+        if spec.qk_norm:
+            k_out = head_norm(kv_w, k_out)
+        v_out = project("v_proj", h, kv_w)
+    q_new = rope(q_w)
+    prog.free(q_out)
+    k_new = rope(kv_w)
+    prog.free(k_out)
+    if ctx.backend == "math":
+        # _scaled_dot_product_attention_math in fp32 with grouped-query heads, as the recorded history of
+        # ft_qwen2.5-0.5b fp32 shows it: q scaled (a temporary), then q scaled, k repeated and scaled, v repeated
+        # (kept); the scores (masked in place), the softmax (kept), _safe_softmax's byte mask; attn @ v, and its
+        # contiguous copy (kept, o_proj's input). The RoPE'd q and k and the projected v go after o_proj.
+        S = ctx.w.seq
+        scores = T * a * S
+        tq = alloc(T * q_w * e)
+        save(T * q_w * e, T * q_w * e)
+        save(T * q_w * e, T * q_w * e)
+        save(T * q_w * e)
+        t = alloc(scores * e)
+        save(scores * e, scores * e)
+        prog.free(alloc(scores))
+        prog.free(t)
+        av = alloc(T * q_w * e)
+        prog.free(tq)
+        save(T * q_w * e)
+        prog.free(av)
+        o_out = project("o_proj", q_w, h)
+        prog.free(q_new)
+        prog.free(k_new)
+        prog.free(v_out)
+    else:
+        save_handle(q_new, T * q_w * e)
+        save_handle(k_new, T * kv_w * e)
+        save_handle(v_out, T * kv_w * e)  # v, or the fused qkv output it is a view of
+        save(T * q_w * e)  # attention output, kept by the kernel's backward
+        save(T * a * 4)  # log-sum-exp, fp32
+        o_out = project("o_proj", q_w, h)
+    if normed:
+        prog.free(normed)
+    if gemma:
+        o_out = gemma_norm(o_out)  # post-attention norm on the attention output
+    # residual + attention output; in fp32 the next norm's pow keeps it (no copy to fp32 is made)
+    resid = alloc(T * h * r)
+    if fp32:
+        save_handle(resid)
+    prog.free(o_out)
+    # --- MLP
+    normed = gemma_norm(0, True) if gemma else norm()
+    width = spec.intermediate
+    if "gate_up_proj" in lins:
+        gate_up = project("gate_up_proj", h, 2 * width)
+        save_handle(gate_up, T * width * e)  # gate and up are views of it: kept by the activation and the product
+        save(T * width * e, T * width * e, transient=(T * width * e,))  # activation output, kept by the product
+    else:
+        gate = project("gate_proj", h, width)
+        save_handle(gate, T * width * e)  # kept by the activation
+        save(T * width * e, T * width * e)  # activation output, kept by the product
+        up = project("up_proj", h, width)
+        save_handle(up, T * width * e, transient=(T * width * e,))  # kept by the product
+    if full:
+        prod = 0
+        save(T * width * e)  # down_proj's input, kept for its weight gradient
+    else:
+        prod = alloc(T * width * e)  # down_proj's input
+    down_out = project("down_proj", width, h)
+    if prod:
+        prog.free(prod)
+    if normed:
+        prog.free(normed)
+    if gemma:
+        down_out = gemma_norm(down_out)  # post-feedforward norm
+    out = alloc(T * h * r)  # the layer's output, residual + MLP output
+    prog.free(down_out)
+    if fp32:
+        save_handle(out)  # kept by the next layer's norm (its pow), like resid above
+    else:
+        prog.free(resid)
+        prog.free(out)  # the caller's residual stream is modelled outside the layer
+    return layer_.finish()
+
+
+def gpt2_block_forward(prog: Program, ctx: Ctx, keep: bool) -> list[Saved]:
+    """GPT-2's block under full fine-tuning without autocast, in the order the recorded H200 history of
+    gpt2-medium fp16 (docs/calibration/histories/ft_gpt2m_fp16.json.gz) shows: ln_1's output (kept by c_attn);
+    c_attn's packed q/k/v (kept whole: attention keeps views of it); the attention output (kept by its backward
+    and by c_proj); c_proj's output, resid_dropout's one-byte mask (kept) and output; the residual (kept by ln_2);
+    then ln_2, c_fc (kept), gelu_new written out in Python (0.5*x, tanh and 1+tanh kept, the product kept by the
+    second c_proj; x**3 and the sums between are temporaries), the second c_proj and dropout, and the residual
+    (kept by the next block's ln_1). LayerNorm keeps its input: the residuals above."""
+    spec, dt, T = ctx.spec, ctx.dt, ctx.tokens
+    h, e, r, width = spec.hidden, dt.act, dt.resid, spec.intermediate
+    lins = {lin.name: lin for lin in spec.block_linears}
+    layer_ = Layer(prog, keep)
+    alloc, save = layer_.alloc, layer_.save
+
+    def weight_grad(name: str) -> None:
+        lin = lins[name]
+        layer_.weight_grad(lin.in_features * lin.out_features * dt.param)
+
+    def proj_dropout(name: str) -> int:
+        """c_proj's output through dropout: the mask is kept, the output returned."""
+        weight_grad(name)
+        out = alloc(T * h * e)
+        save(T * h)  # dropout's mask, one byte per element
+        dropped = alloc(T * h * e)
+        prog.free(out)
+        return dropped
+
+    save(T * h * e, T * h * e)  # ln_1 output
+    weight_grad("c_attn")
+    save(T * 3 * h * e, T * 3 * h * e)  # packed q, k, v
+    save(T * h * e, T * h * e)  # attention output
+    save(T * spec.heads * 4)  # log-sum-exp
+    attn_drop = proj_dropout("c_proj")
+    save(T * h * r, T * h * e)  # residual, kept by ln_2
+    save(T * h * e, T * h * e)  # ln_2 output
+    weight_grad("c_fc")
+    save(T * width * e, T * width * e)  # c_fc output, gelu_new's input
+    save(T * width * e, T * width * e)  # 0.5 * x
+    cube = alloc(T * width * e)  # x ** 3
+    t = alloc(T * width * e)  # 0.044715 * x**3
+    prog.free(cube)
+    for _ in range(2):  # x + ..., sqrt(2/pi) * (...)
+        t2 = alloc(T * width * e)
+        prog.free(t)
+        t = t2
+    save(T * width * e, T * width * e)  # tanh(...), kept by its backward
+    prog.free(t)
+    save(T * width * e, T * width * e)  # 1 + tanh(...)
+    save(T * width * e, T * width * e)  # the product, the second c_proj's input
+    mlp_drop = proj_dropout("mlp.c_proj")
+    save(T * h * r, T * h * e)  # residual, kept by the next block's ln_1
+    prog.free(attn_drop)
+    prog.free(mlp_drop)
+    return layer_.finish()

@@ -1,0 +1,231 @@
+"""One decoder layer's forward under autograd (training): the recorded order where it is known
+(blocks_recorded.py), else the generic layer of every family.
+"""
+
+from __future__ import annotations
+
+from gpuready.memory.lm.autograd import Layer, Saved
+from gpuready.memory.lm.blocks_recorded import gpt2_block_forward, plain_block_forward, recorded_layer_order
+from gpuready.memory.lm.context import GEMMA_NORMS, Ctx, mlp_width, softmax_upcast_copy
+from gpuready.memory.program import Program
+from gpuready.models.spec import Linear
+
+
+def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved]:
+    """One decoder layer's forward over ctx.tokens tokens. With keep=False (no_grad, or recomputed later by
+    checkpointing) nothing is saved and only the transient peak is simulated."""
+    if recorded_layer_order(ctx, layer):
+        return plain_block_forward(prog, ctx, layer, keep)
+    if (
+        ctx.spec.model_type == "gpt2"
+        and ctx.full
+        and not ctx.dt.autocast
+        and ctx.backend in ("flash", "efficient")
+        and ctx.w.task == "train"
+    ):
+        return gpt2_block_forward(prog, ctx, keep)
+    spec, dt, T = ctx.spec, ctx.dt, ctx.tokens
+    h, a, kv, d = spec.hidden, spec.heads, spec.kv_heads, spec.head_dim
+    e, r = dt.act, dt.resid
+    full = ctx.full
+    layer_ = Layer(prog, keep)
+    save, tmp, drop = layer_.save, layer_.tmp, layer_.drop
+
+    def norm() -> int:
+        """RMSNorm as LlamaRMSNorm runs it: x.to(fp32) (kept by pow; in fp32 runs the input itself), pow,
+        mean, rsqrt (kept), x * rsqrt in fp32, .to(dtype) (kept by weight * y when the weight trains), then
+        weight * y. Gemma2RMSNorm keeps the fp32 y instead. LayerNorm keeps its input. Returns the output's
+        handle: kept when the projections that read it keep it, else a temporary dropped after them.
+        Backward of the fp32 norm holds about three fp32 temporaries of the input's size."""
+        if spec.norm == "layer":
+            save(T * h * r, T * h * e)
+        else:
+            save(T * h * 4, T * h * e, (), (T * h * 4,) * 3)
+            drop(tmp(T * h * 4))  # x ** 2
+            y32 = tmp(T * h * 4)
+            if full:
+                save(T * h * (4 if spec.model_type in GEMMA_NORMS else r))
+            else:
+                yb = tmp(T * h * r)
+            out = tmp(T * h * r) if not (full and not dt.autocast) else 0
+            drop(y32)
+            if not full:
+                drop(yb)
+            if out:
+                return out
+        if full and not dt.autocast:
+            save(T * h * e)  # the norm output, kept (once) by the projections that read it
+            return 0
+        return tmp(T * h * r)
+
+    def rope(width: int) -> None:
+        # q*cos + rotate_half(q)*sin: the product, -x2, cat, its product with sin; the sum is the new q
+        a_ = tmp(T * width * e)
+        n_ = tmp(T * width * e // 2)
+        c_ = tmp(T * width * e)
+        drop(n_)
+        b_ = tmp(T * width * e)
+        drop(c_)
+        drop(a_)
+        drop(b_)
+
+    def linear_in(lin: Linear, width: int, shared: bool) -> None:
+        """What a linear keeps of its input: the input when the weight trains (once per shared input; autocast
+        makes and keeps a bf16 copy per call), and peft's fp32 copy of the input for an adapter."""
+        w_grad = lin.in_features * lin.out_features * lin.count * dt.param
+        if ctx.w.method == "qlora":
+            # bitsandbytes MatMul4Bit dequantizes the NF4 weight to the compute dtype for each matmul
+            prog.transient("quantization_temporaries", lin.in_features * lin.out_features * e)
+        if full and (dt.autocast or not shared):
+            save(T * width * e, 0, (w_grad,))
+        elif full:
+            # the shared input is already kept (once, by the norm): this node only makes the weight's gradient
+            layer_.weight_grad(w_grad)
+        if lin.name in ctx.lora:
+            # peft's Linear.forward: x cast to the adapter's fp32 (kept by lora_A), lora_A's output (kept by
+            # lora_B), then lora_B's output, its product with the scaling and the sum with the base output, all
+            # in fp32 before the result is cast back; backward makes fp32 gradients of the same sizes
+            out = T * lin.out_features * 4
+            save(T * width * (2 if dt.autocast else 4), 0, (), (out, T * width * 4))
+            save(T * ctx.w.lora_r * 4, 0, ())
+            prog.transient("activations", out, out)
+
+    lins = {lin.name: lin for lin in spec.block_linears}
+    # --- attention
+    normed = norm()
+    q_width = a * (spec.qk_nope_dim + spec.qk_rope_dim) if spec.mla else a * d
+    kv_width = kv * d if not spec.mla else 0
+    inputs = ("q_proj", "k_proj", "v_proj", "qkv_proj", "c_attn", "kv_a_proj_with_mqa", "query_key_value", "q_a_proj")
+    for name in inputs:
+        if name in lins:
+            linear_in(lins[name], h, True)
+    if "q_b_proj" in lins:  # deepseek-v3: q_a_proj -> q_a_layernorm -> q_b_proj
+        save(T * spec.q_lora_rank * 4, T * spec.q_lora_rank * e)
+        linear_in(lins["q_b_proj"], spec.q_lora_rank, False)
+    if spec.mla:
+        # kv_a output (compressed latent) -> RMSNorm -> kv_b_proj -> per-head K_nope and V
+        latent = spec.kv_lora_rank + spec.qk_rope_dim
+        save(T * latent * 4, T * latent * e)
+        linear_in(lins["kv_b_proj"], spec.kv_lora_rank, False)
+        k_width = a * (spec.qk_nope_dim + spec.qk_rope_dim)
+        v_width = a * spec.v_head_dim
+    else:
+        k_width = v_width = kv_width
+    if spec.qk_norm:
+        save(T * (q_width + k_width) * 4, T * (q_width + k_width) * e)
+    # the projections' q and k outputs live until RoPE has made its own (mul keeps only cos and sin)
+    q_out, k_out = tmp(T * q_width * e), tmp(T * k_width * e)
+    if normed:
+        drop(normed)
+    if spec.model_type != "gpt2":
+        rope(q_width)
+        rope(k_width)
+    out_width = a * (spec.v_head_dim or d)
+    backend = ctx.backend
+    expanded = backend in ("eager", "efficient") and ctx.mask and k_width < q_width
+    kq = q_width if (expanded or (backend == "eager" and k_width < q_width)) else k_width
+    vq = out_width if (expanded or (backend == "eager" and v_width < out_width)) else v_width
+    drop(q_out)
+    drop(k_out)
+    if backend in ("flash", "efficient"):
+        save(T * q_width * e, T * q_width * e)  # q after RoPE
+        save(T * kq * e, T * kq * e)
+        # v; a fused qkv_proj (phi-3) hands attention a view of its output, which keeps all of it alive (the
+        # recorded H200 history of phi-3-mini LoRA: 36 MiB per layer at 2048 tokens, not 12)
+        fused_v = ("qkv_proj" in lins or "query_key_value" in lins) and vq == v_width
+        save(T * (q_width + k_width + v_width if fused_v else vq) * e, T * vq * e)
+        save(T * out_width * e)  # output, also o_proj's input
+        save(T * a * 4)  # log-sum-exp, fp32
+    else:
+        S = ctx.w.seq
+        scores = T * a * S  # elements: batch * heads * seq * seq
+        if backend == "math":
+            # _scaled_dot_product_attention_math as the recorded history of ft_qwen2.5-0.5b fp32 shows it: q and
+            # k scaled (k repeated to all heads), v repeated, kept; the scores (causal mask added in place);
+            # _safe_softmax's output, kept; its one-byte mask of fully masked entries, dropped with the scores
+            save(T * q_width * e, T * q_width * e)  # q * sqrt(scale)
+            save(T * q_width * e, T * q_width * e)  # k * sqrt(scale), repeated to all heads
+            save(T * out_width * e)  # v, repeated
+            t = tmp(scores * e)  # q @ k^T, masked in place
+            save(scores * e, scores * e)  # softmax output
+            drop(tmp(scores))  # _safe_softmax: scores == -inf, one byte per score
+            drop(t)
+        else:  # eager: matmul, * scaling, + mask, softmax in fp32, .to(dtype), matmul with v
+            save(T * q_width * e)
+            save(T * kq * e, T * kq * e)
+            t = tmp(scores * e)
+            t2 = tmp(scores * e)
+            drop(t)
+            t3 = tmp(scores * e)
+            drop(t2)
+            up = tmp(scores * 4) if softmax_upcast_copy(ctx) else 0  # softmax's fp32 copy of a bf16 input
+            save(scores * 4, scores * 4)
+            if up:
+                drop(up)
+            drop(t3)
+            save(scores * e, scores * e)
+            save(T * vq * e)
+        save(T * out_width * e)  # transpose(1, 2).contiguous() for o_proj
+    o = lins.get("o_proj") or lins.get("c_proj") or lins.get("dense")
+    if o is not None:
+        linear_in(o, out_width, True)
+    o_out = tmp(T * h * e)
+    resid = tmp(T * h * r)  # residual + attention output
+    drop(o_out)
+    if spec.model_type == "gpt2" and ctx.w.task == "train":
+        save(T * h)  # resid_pdrop dropout keeps a bool mask
+    for _ in range(spec.norms_per_layer - 2):
+        extra = norm()  # gemma2's post-attention norm (its pre/post-feedforward pair adds one more below)
+        if extra:
+            drop(extra)
+    # --- MLP
+    normed = norm()
+    width, fan = mlp_width(spec, layer)
+    Tm = T * fan
+    gate_up = [n for n in ("gate_proj", "up_proj", "gate_up_proj", "c_fc", "dense_h_to_4h") if n in lins]
+    for name in gate_up:
+        lin = lins[name]
+        if lin.count > 1:
+            save(Tm * h * e)  # tokens gathered per expert
+        linear_in(lin, h, True)
+    if normed:
+        drop(normed)
+    if spec.gated_mlp:
+        save(Tm * width * e, Tm * width * e)  # gate output, kept by the activation
+        save(Tm * width * e, Tm * width * e)  # up output, kept by the product
+        # activation output, kept by the product, whose backward makes both operands' gradients at once
+        save(Tm * width * e, Tm * width * e, (), (Tm * width * e,))
+    elif spec.model_type == "gpt_neox":  # nn.GELU (one op) keeps its input; its output is dense_4h_to_h's input
+        save(Tm * width * e, Tm * width * e)
+    else:  # gpt2's gelu_new is written out in Python: x, tanh(...), 0.5*x and 1+tanh(...) are kept
+        # under autocast pow runs in fp32 (autocast's fp32 op list), so tanh(...), 1+tanh(...) and the product
+        # are fp32; the product is cast back to bf16 for c_proj
+        f = 4 if dt.autocast else e
+        save(Tm * width * e, Tm * width * e)
+        save(Tm * width * f)
+        save(Tm * width * e)
+        save(Tm * width * f)
+        if dt.autocast:
+            prog.transient("activations", Tm * width * 4)
+    down = lins.get("down_proj") or lins.get("mlp.c_proj") or lins.get("dense_4h_to_h")
+    if down is not None:
+        lin = Linear(down.name, down.in_features, down.out_features, down.bias, 1)
+        if full:
+            save(Tm * width * e, 0, (down.in_features * down.out_features * down.count * dt.param,))
+        elif down.name in ctx.lora:
+            linear_in(lin, width, False)
+    if spec.shared_intermediate and layer >= spec.dense_layers:
+        s = spec.shared_intermediate
+        for _ in range(4):
+            save(T * s * e, T * s * e)
+    if spec.model_type == "gpt2" and ctx.w.task == "train":
+        save(T * h)
+    for _ in range(spec.norms_per_layer - 2 - 1):
+        extra = norm()
+        if extra:
+            drop(extra)
+    down_out = tmp(T * h * e)
+    tmp(T * h * r)  # the layer's output, residual + MLP output (dropped with the other temporaries below)
+    drop(down_out)
+    drop(resid)
+    return layer_.finish()

@@ -1,0 +1,87 @@
+"""Ctx, the job's context that every part of the language-model program reads: dtypes, tokens, what trains, the
+attention kernel; which linears carry LoRA adapters.
+
+Attention kernels are chosen as CUDA would (torch/backends/cuda, aten/.../sdp_utils.cpp): flash for 16-bit
+without a mask (keeps q, k, v, out and the fp32 log-sum-exp), memory-efficient when a mask is needed or in fp32
+without grouped-query heads, the math path otherwise (keeps the B·heads·S² probabilities).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuready.memory.dtypes import Dtypes, dtypes_for
+from gpuready.models.lora import default_lora_targets
+from gpuready.models.spec import ModelSpec
+from gpuready.workload import Workload
+
+# families whose norms follow Gemma-2's recorded program (the fp32 y kept for (1 + weight) * y). Gemma3RMSNorm is
+# the same code, but with it the program put Gemma-3 +3.7% (allocated) over the H200 and the traced mode, without
+# it -0.3% (docs/accuracy.md): another part of the generic layer over-counts Gemma-3 by about as much (not found)
+GEMMA_NORMS = ("gemma2",)
+
+
+@dataclass(frozen=True)
+class Ctx:
+    spec: ModelSpec
+    w: Workload
+    dt: Dtypes
+    tokens: int  # B*S in training / prefill
+    full: bool  # full fine-tuning: block weights train
+    lora: frozenset[str]  # linear names that carry a LoRA adapter
+    backend: str  # attention kernel: flash, efficient, math, eager
+    mask: bool  # an explicit attention mask is built (sliding window shorter than the sequence)
+    shards: int = 1  # FSDP: parameters, gradients and optimizer states are split over this many GPUs
+
+
+def lora_targets(spec: ModelSpec, w: Workload) -> frozenset[str]:
+    if w.method == "full":
+        return frozenset()
+    names = {lin.name for lin in spec.block_linears if lin.count == 1}
+    wanted = set(w.lora_targets or default_lora_targets(spec))
+    # peft matches a target by the module name's last component; gpt2's two c_proj are both matched by c_proj
+    hit = {n for n in names if n in wanted or n.split(".")[-1] in wanted}
+    return frozenset(hit)
+
+
+def attention_backend(spec: ModelSpec, w: Workload, dt: Dtypes, seq: int) -> tuple[str, bool]:
+    """The kernel CUDA's SDPA dispatcher would pick for this job, and whether a mask tensor is built."""
+    if w.attn == "eager" or spec.attn_sinks:  # gpt-oss: transformers has no SDPA path for attention sinks
+        return "eager", True
+    # transformers builds the mask once the sequence reaches the window (masking_utils._ignore_causal_mask_sdpa:
+    # `kv_length < local_attention_size` to skip it); with a mask it repeats K/V (sdpa_attention.use_gqa_in_sdpa)
+    mask = bool(spec.sliding_window and seq >= spec.sliding_window)
+    gqa = spec.kv_heads < spec.heads and not spec.mla
+    half = dt.act == 2
+    if w.attn == "flash":
+        return "flash", False
+    if half and not mask and spec.head_dim <= 256:
+        return "flash", False
+    # memory-efficient attention supports masks and fp32 but not enable_gqa; with a mask transformers
+    # repeats K/V to all heads itself (repeat_kv), so GQA does not block it there
+    if mask or not gqa:
+        return "efficient", mask
+    return "math", False
+
+
+def make_ctx(spec: ModelSpec, w: Workload) -> Ctx:
+    dt = dtypes_for(w)
+    tokens = w.batch * w.seq
+    backend, mask = attention_backend(spec, w, dt, w.seq)
+    shards = w.gpus if w.shard == "fsdp" else 1
+    return Ctx(spec, w, dt, tokens, w.method == "full", lora_targets(spec, w), backend, mask, shards)
+
+
+def mlp_width(spec: ModelSpec, layer: int) -> tuple[int, int]:
+    """(intermediate width per routed token, fan-out of each token) for this layer's MLP."""
+    if spec.experts and layer >= spec.dense_layers:
+        return spec.moe_intermediate, spec.experts_per_token
+    return spec.intermediate, 1
+
+
+def softmax_upcast_copy(ctx: Ctx) -> bool:
+    """`softmax(x, dim, dtype=torch.float32)` on a bf16 input first makes an fp32 copy of it and then the fp32
+    output; only fp16 on CUDA takes the fused half-to-float kernel (aten/src/ATen/native/SoftMax.cpp, `softmax`:
+    `input_.is_cuda() && input_.scalar_type() == ScalarType::Half && dtype == ScalarType::Float`). Under bf16
+    autocast the cast to fp32 is autocast's (softmax is on its fp32 list): the same copy."""
+    return ctx.w.precision in ("bf16", "mixed")

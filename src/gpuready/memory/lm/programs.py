@@ -1,0 +1,278 @@
+"""The whole job as a program of GPU allocations: training steps (train_program) and inference or generate()
+(infer_program).
+"""
+
+from __future__ import annotations
+
+from gpuready.memory.ddp import DdpBuckets
+from gpuready.memory.lm.autograd import Saved, block_backward
+from gpuready.memory.lm.blocks_infer import block_nograd
+from gpuready.memory.lm.blocks_recorded import recorded_layer_order
+from gpuready.memory.lm.blocks_train import block_forward
+from gpuready.memory.lm.context import make_ctx
+from gpuready.memory.lm.fsdp import Fsdp
+from gpuready.memory.lm.loss import Sampler, final_norm_forward, logits_and_loss_backward, logits_and_loss_forward
+from gpuready.memory.lm.ops import CUBLAS_WORKSPACE_BYTES, eager_mask, rms_norm_nograd, rotary_tables
+from gpuready.memory.lm.weights import load_weights
+from gpuready.memory.optimizer import optimizer_step
+from gpuready.memory.program import Program
+from gpuready.models.spec import ModelSpec
+from gpuready.workload import Workload
+
+# Optimizer steps simulated. The first creates the optimizer states, the second runs with them and sets the
+# peak; the calibration runs made three, and simulating the third changes none of the 35 measured rows.
+STEPS = 2
+
+
+# Decode steps replayed one token at a time; the rest of a longer generation is replayed in DECODE_COARSE steps of
+# several tokens each, so any --new-tokens costs at most DECODE_EXACT + DECODE_COARSE steps (docs/estimator.md
+# gives the error against token-by-token replay)
+DECODE_EXACT = 256
+
+
+DECODE_COARSE = 128
+
+
+def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> Program:
+    """STEPS optimizer steps (states appear in the first), each of grad_accum micro-batches (at most two are
+    simulated: the second already has the first's gradients alive)."""
+    ctx = make_ctx(spec, w)
+    streams = {"fsdp_all_gather_buffers": Fsdp.GATHER_STREAM, "sharded_gradients": Fsdp.REDUCE_STREAM}
+    prog = Program(streams=streams if ctx.shards > 1 else {})
+    weights = load_weights(prog, ctx, whole_first=not meta_init)
+    trainable, cast_bytes = weights.trainable, weights.cast_bytes
+    h, T, e, r = spec.hidden, ctx.tokens, ctx.dt.act, ctx.dt.resid
+    fsdp = Fsdp(prog, weights.units, ctx.shards) if ctx.shards > 1 else None
+    root = spec.layers  # the root's FSDP unit
+    ddp = DdpBuckets(prog, sum(t.nbytes for t in trainable)) if w.shard == "ddp" and trainable else None
+    # one cuBLAS workspace for the forward's handle, and one for the autograd thread's, made by backward's first
+    # matmul (after that matmul's output): the recorded history of qwen2.5-0.5b (ddp_qwen05, rank 0) places it in
+    # a freed fp32-logits block, which splits it, and the next step's logits need a segment of their own
+    # (qwen2.5-0.5b full, 8 x 1024: 27.90 GiB predicted with both made up front, 32.52 measured)
+    prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
+    backward_workspace = True
+    state: list[int] | None = None
+    for step in range(STEPS):
+        grads: list[int] = []
+        if step == 1 and ddp:
+            ddp.rebuild([t.nbytes for t in reversed(trainable)], release_first=w.grad_ckpt)
+        for micro in range(min(w.grad_accum, 2)):
+            accumulate = micro > 0
+            prog.set_phase("forward")
+            # autocast caches a bf16 copy of each weight for the duration of the autocast region. Under
+            # checkpointing the layers' copies are not cached (each layer casts again in its forward and its
+            # recompute) and only lm_head's stays: the recorded history of llama-3.2-1b mixed with checkpointing
+            # holds one vocab x hidden bf16 copy at the peak, not the layers' (docs/calibration/histories)
+            layer_casts = cast_bytes if ctx.dt.autocast and w.grad_ckpt else 0
+            if ctx.dt.autocast:
+                kept_casts = spec.vocab * h * 2 if w.grad_ckpt else cast_bytes
+                casts = prog.alloc("autocast_weight_copies", kept_casts)
+            else:
+                casts = 0
+            if fsdp:
+                fsdp.gather(root)
+            x = prog.alloc("activations", T * h * r)  # embedding output, the residual stream
+            per_layer: list[list[Saved]] = []
+            ckpt_inputs: list[int] = []
+            for layer in range(spec.layers):
+                if fsdp:
+                    fsdp.gather(layer)
+                if w.grad_ckpt:
+                    # non-reentrant checkpointing keeps each layer's input and recomputes the rest in backward
+                    ckpt_inputs.append(x)
+                    copies = prog.alloc("autocast_weight_copies", layer_casts // spec.layers) if layer_casts else 0
+                    x, _ = block_nograd(prog, ctx, x, layer, cache_kv=False, keep_input=True)
+                    prog.free(copies)
+                    per_layer.append([])
+                else:
+                    per_layer.append(block_forward(prog, ctx, layer, keep=True))
+                if fsdp:
+                    fsdp.reshard(layer)
+            if recorded_layer_order(ctx, spec.layers - 1) and spec.model_type != "gemma2":
+                final, x = final_norm_forward(prog, ctx, x)
+            else:
+                final = [prog.alloc("activations", T * h * 4)]  # final norm keeps its fp32 input
+                if ctx.full:
+                    final.append(prog.alloc("activations", T * h * e))  # lm_head keeps its input
+            kept = logits_and_loss_forward(prog, ctx)
+            prog.set_phase("backward")
+            g = logits_and_loss_backward(prog, ctx, kept)
+            if step == 1 and micro == 0 and ddp:
+                ddp.release_first()
+            root_grads: list[int] = []
+            lm_head_grad = 0
+            if ctx.full:
+                lm_head = prog.alloc("gradients", spec.vocab * h * ctx.dt.param)
+                if backward_workspace:
+                    prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
+                    backward_workspace = False
+                if fsdp:
+                    root_grads.append(lm_head)
+                elif accumulate:
+                    prog.free(lm_head)
+                else:
+                    grads.append(lm_head)
+                    lm_head_grad = lm_head
+            if fsdp:
+                fsdp.finish()  # the last layer's all-gather buffer
+                fsdp.prefetch(spec.layers - 1)
+            dx = prog.alloc("activations", T * h * e)
+            if backward_workspace:
+                prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
+                backward_workspace = False
+            prog.free(g)
+            prog.free_all(final)
+            prog.free(x)
+            for layer in reversed(range(spec.layers)):
+                if fsdp:
+                    fsdp.copy_out(layer)
+                    if layer > 0:
+                        fsdp.prefetch(layer - 1)
+                saved = per_layer[layer]
+                copies = 0
+                if w.grad_ckpt:
+                    copies = prog.alloc("autocast_weight_copies", layer_casts // spec.layers) if layer_casts else 0
+                    saved = block_forward(prog, ctx, layer, keep=True)  # recomputed for its backward
+                if fsdp:
+                    full: list[int] = []
+                    block_backward(prog, saved, full, False)
+                    prog.free(copies)
+                    if w.grad_ckpt:
+                        prog.free(ckpt_inputs[layer])
+                    fsdp.reshard(layer)
+                    nbytes = sum(weights.units[layer]) if ctx.full else _sum_sizes(prog, full)
+                    shard = fsdp.reduce_scatter(nbytes, full, accumulate)
+                    if shard:
+                        grads.append(shard)
+                    continue
+                block_backward(prog, saved, grads, accumulate)
+                prog.free(copies)
+                if w.grad_ckpt:
+                    prog.free(ckpt_inputs[layer])
+            prog.free(dx)
+            if ctx.full:
+                # embedding_dense_backward builds a full vocab x hidden gradient. With tied embeddings the shared
+                # weight's .grad becomes lm_head's gradient plus this one, a third tensor, and both go (every tied
+                # model's recorded history: ft_qwen15_bf16, ft_qwen3_4b, ft_gemma2b_bf16)
+                emb = prog.alloc("gradients", spec.vocab * h * ctx.dt.param)
+                if fsdp and not spec.tied:
+                    root_grads.append(emb)
+                elif spec.tied and not fsdp and not accumulate and lm_head_grad:
+                    total = prog.alloc("gradients", spec.vocab * h * ctx.dt.param)
+                    grads.remove(lm_head_grad)
+                    prog.free(lm_head_grad)
+                    prog.free(emb)
+                    grads.append(total)
+                elif spec.tied or accumulate:
+                    prog.free(emb)
+                else:
+                    grads.append(emb)
+            elif not accumulate and not fsdp:
+                grads.extend(prog.alloc("gradients", t.nbytes) for t in trainable)
+            if fsdp:
+                if ctx.full:
+                    shard = fsdp.reduce_scatter(sum(weights.units[root]), root_grads, accumulate)
+                    if shard:
+                        grads.append(shard)
+                fsdp.reshard(root)
+                fsdp.finish()
+            prog.free(casts)
+        prog.set_phase("optimizer step")
+        if ctx.full or fsdp:
+            # norms, biases and routers get their (small) gradients along the way
+            rest = sum(t.nbytes for t in trainable) - _sum_sizes(prog, grads)
+            if rest > 0:
+                grads.append(prog.alloc("gradients", rest))
+        state = optimizer_step(prog, w.optim, trainable, state)
+        prog.set_phase("forward")
+        prog.free_all(grads)
+    return prog
+
+
+def _sum_sizes(prog: Program, handles: list[int]) -> int:
+    return sum(prog.size_of(h) for h in handles)
+
+
+def decode_lengths(steps: int) -> list[int]:
+    """Tokens added to the cache by the end of each simulated decode step: every step up to DECODE_EXACT, then
+    DECODE_COARSE evenly spaced lengths ending at `steps` (each such step grows the cache by several tokens)."""
+    if steps <= DECODE_EXACT:
+        return list(range(1, steps + 1))
+    rest = steps - DECODE_EXACT
+    coarse = min(rest, DECODE_COARSE)
+    return list(range(1, DECODE_EXACT + 1)) + [DECODE_EXACT + -(-k * rest // coarse) for k in range(1, coarse + 1)]
+
+
+def infer_program(spec: ModelSpec, w: Workload) -> Program:
+    """generate() (prefill, then one token per step into a DynamicCache grown by torch.cat), or with
+    --new-tokens 0 two plain forward passes with use_cache=True over the prompt."""
+    ctx = make_ctx(spec, w)
+    prog = Program()
+    load_weights(prog, ctx)
+    workspace = False
+    h, e, B, S, V = spec.hidden, ctx.dt.act, w.batch, w.seq, spec.vocab
+    kv_tok = spec.kv_bytes_per_token_per_layer_elems * e // 2  # bytes per K (or V), per token, per layer
+
+    def window(tokens: int, layer: int) -> int:
+        # sliding-window layers keep only the window (transformers' DynamicSlidingWindowLayer)
+        if spec.sliding_window and layer < spec.sliding_layers:
+            return min(tokens, spec.sliding_window)
+        return tokens
+
+    for _rep in range(1 if w.new_tokens else 2):
+        prog.set_phase("prefill")
+        # the model's forward keeps `inputs_embeds` referenced for the whole pass
+        embeds = prog.alloc("activations", B * S * h * ctx.dt.resid)
+        x = embeds
+        tables = rotary_tables(prog, ctx, B, S, first_matmul=not workspace)
+        workspace = True
+        mask = eager_mask(prog, ctx, B, S)
+        cache: list[int] = []
+        for layer in range(spec.layers):
+            # a sliding-window layer keeps the whole prompt's K and V through the prefill: transformers'
+            # DynamicSlidingWindowLayer stores `full[:, :, -window + 1:]`, a view that holds the whole tensor until
+            # the first decode step's torch.cat makes a window-sized one (transformers cache_utils.py)
+            x, kv = block_nograd(prog, ctx, x, layer, cache_kv=True, keep_input=layer == 0)
+            cache.extend(kv)
+        if spec.model_type == "gpt2":
+            normed = prog.alloc("activations", B * S * h * ctx.dt.resid)
+        else:
+            normed = rms_norm_nograd(prog, B * S, h, ctx.dt.resid, gemma=spec.model_type == "gemma3_text")
+        prog.free(x)
+        # the base model returns: its input embeddings, mask and rotary tables go before lm_head runs
+        prog.free(embeds)
+        prog.free(mask)
+        prog.free_all(tables)
+        if w.new_tokens == 0:
+            logits = prog.alloc("logits_and_loss", B * S * V * e)  # every position's logits
+            prog.free(normed)
+            prog.free(logits)
+            prog.free_all(cache)
+            continue
+        sampler = Sampler(prog, B, V, e)
+        sampler.step()  # generate asks for the last position's logits only
+        prog.free(normed)
+        prog.set_phase("decode")
+        decode = make_ctx(spec, w.model_copy(update={"seq": 1}))
+        # every step grows each layer's K and V by one token (torch.cat makes the longer tensor, then the old one
+        # goes): these large-pool allocations drive the allocator, so they are replayed step by step; a step's own
+        # activations (batch x width, mostly small-pool) are simulated on the first and the last step. Past
+        # DECODE_EXACT steps, each simulated step stands for several tokens (the cache grows by as many at once),
+        # so that any --new-tokens costs at most DECODE_EXACT + DECODE_COARSE steps; the last ends at full length
+        steps = decode_lengths(w.new_tokens - 1)
+        for i, step in enumerate(steps):
+            t = S + step
+            full_step = i in (0, len(steps) - 1)
+            x = prog.alloc("activations", B * h * ctx.dt.resid) if full_step else 0
+            for layer in range(spec.layers):
+                if full_step:
+                    x, _ = block_nograd(prog, decode, x, layer, cache_kv=False)
+                for i in (0, 1):
+                    old = cache[2 * layer + i]
+                    cache[2 * layer + i] = prog.alloc("kv_cache", B * window(t, layer) * kv_tok)
+                    prog.free(old)
+            prog.free(x)
+            sampler.step()
+        sampler.finish()
+        prog.free_all(cache)
+    return prog

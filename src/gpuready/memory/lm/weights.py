@@ -1,0 +1,109 @@
+"""The model's parameters as from_config allocates them on the GPU (and FSDP2's sharding of them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuready.memory.lm.context import Ctx
+from gpuready.memory.optimizer import Trainable
+from gpuready.memory.program import Program
+from gpuready.models.spec import Linear
+
+# QLoRA: NF4 weights are 4 bits; double quantization stores 8-bit absmax per 64 weights plus an fp32 per 256
+# blocks: 8/64 + 32/(64*256) = 0.127 bits/param (Dettmers et al. 2023, QLoRA, section 3).
+NF4_BYTES_PER_PARAM = 0.5 + 0.127 / 8
+
+
+def _linear_weight_bytes(ctx: Ctx, lin: Linear) -> int:
+    n = lin.in_features * lin.out_features * lin.count
+    if ctx.w.method == "qlora":
+        return int(n * NF4_BYTES_PER_PARAM)
+    return n * ctx.dt.param
+
+
+@dataclass
+class Weights:
+    trainable: list[Trainable]  # per GPU (FSDP: the shards)
+    cast_bytes: int  # bytes of linear weights that autocast casts to bf16 each step
+    # FSDP units, each a list of its parameters' full sizes in bytes: one per decoder layer, then the root
+    # (embeddings, final norm, lm_head)
+    units: list[list[int]]
+
+
+def load_weights(prog: Program, ctx: Ctx, whole_first: bool = True) -> Weights:
+    """Allocate every parameter as from_config builds it on the GPU. Under FSDP the whole model is built on
+    each GPU first (as the calibration runs and the trial's probe do) and then sharded unit by unit:
+    fully_shard(layer) for every layer, then fully_shard(model) (the recorded H200 history of
+    fsdp2_llama8b: each unit's shards are allocated, then its full parameters freed; their blocks stay cached).
+    With whole_first=False (a model initialised on the meta device) only the shards are allocated."""
+    spec, p = ctx.spec, ctx.dt.param
+    trainable: list[Trainable] = []
+    h = spec.hidden
+    n = ctx.shards
+    units: list[list[int]] = [[] for _ in range(spec.layers + 1)]
+    handles: list[list[int]] = [[] for _ in range(spec.layers + 1)]
+    unit = spec.layers  # the root until the first layer
+
+    meta = n > 1 and not whole_first
+
+    def param(nbytes: int, numel: int, trains: bool, cat: str = "weights") -> None:
+        handles[unit].append(prog.alloc(cat, -(-nbytes // n) if meta else nbytes))
+        units[unit].append(nbytes)
+        if trains:
+            # FSDP keeps 1/n of every parameter (a DTensor shard) on each GPU
+            trainable.append(Trainable(-(-numel // n), p if cat == "weights" else 4))
+
+    param(spec.vocab * h * p, spec.vocab * h, ctx.full)
+    if spec.learned_positions:
+        param(spec.learned_positions * h * p, spec.learned_positions * h, ctx.full)
+    norm_numel = h * (2 if spec.norm == "layer" else 1)
+    cast_bytes = 0
+    for layer in range(spec.layers):
+        unit = layer
+        dense = layer < spec.dense_layers
+        for lin in spec.block_linears:
+            if dense and lin.count > 1:
+                # deepseek's leading dense layers: one MLP of intermediate_size instead of the experts
+                lin = Linear(
+                    lin.name,
+                    lin.in_features if lin.in_features == h else spec.intermediate,
+                    spec.intermediate if lin.out_features != h else h,
+                    lin.bias,
+                    1,
+                )
+            if dense and lin.name.startswith("shared_expert"):
+                continue
+            numel = lin.in_features * lin.out_features * lin.count
+            param(_linear_weight_bytes(ctx, lin), numel, ctx.full)
+            cast_bytes += numel * 2
+            if lin.bias:
+                param(lin.out_features * lin.count * p, lin.out_features * lin.count, ctx.full)
+            if lin.name in ctx.lora:
+                r = ctx.w.lora_r
+                # peft creates adapters in fp32 (get_peft_model(autocast_adapter_dtype=True), peft >= 0.12)
+                param(r * lin.in_features * 4, r * lin.in_features, True, "lora_adapters")
+                param(lin.out_features * r * 4, lin.out_features * r, True, "lora_adapters")
+        if spec.experts and not dense:
+            param(h * spec.experts * p, h * spec.experts, ctx.full)  # router
+        for _ in range(spec.norms_per_layer):
+            param(norm_numel * p, norm_numel, ctx.full)
+        if spec.qk_norm:
+            param(2 * spec.head_dim * p, 2 * spec.head_dim, ctx.full)
+        if spec.mla:
+            param(spec.kv_lora_rank * p, spec.kv_lora_rank, ctx.full)
+        for numel in spec.layer_extra_params:  # sinks, router bias, q_a_layernorm
+            param(numel * p, numel, ctx.full)
+    unit = spec.layers
+    param(norm_numel * p, norm_numel, ctx.full)
+    if not spec.tied:
+        param(spec.vocab * h * p, spec.vocab * h, ctx.full)
+    else:
+        # from_config builds lm_head with its own weight, then tie_weights() points it at the embedding and the
+        # built one is freed: its block stays cached (every tied model's recorded H200 history shows it)
+        prog.free(prog.alloc("weights", -(-spec.vocab * h * p // n) if meta else spec.vocab * h * p))
+    if n > 1 and not meta:
+        for sizes, full in zip(units, handles, strict=True):
+            for nbytes in sizes:
+                prog.alloc("weights", -(-nbytes // n))
+            prog.free_all(full)
+    return Weights(trainable, cast_bytes, units)
