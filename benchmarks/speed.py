@@ -1,78 +1,154 @@
-"""Speed of the arithmetic estimator: the CLI end to end, its imports, and library estimates per second.
+"""Speed of the arithmetic estimator: the CLI end to end and library estimates per second, this tree and another
+commit side by side in the same run (timings on a shared machine only compare within one run).
 
-python benchmarks/speed.py            # prints a Markdown report
-python benchmarks/speed.py --plan     # `gpuready plan` end to end only (docs/steptime.md)
+python benchmarks/speed.py --against REF [--runs 5]   # Markdown report, REF exported by `git archive`
+python benchmarks/speed.py                             # this tree only
+python benchmarks/speed.py --plan                      # `gpuready plan` end to end only (docs/steptime.md)
+
+Every CLI run is a fresh `python -m gpuready` process with its modules' bytecode already compiled (one untimed run
+first, PYTHONDONTWRITEBYTECODE unset), as after `pip install`. Wall seconds and CPU seconds (user + system of the
+child, less disturbed by other load) are both shown, median of the runs.
 """
 
 from __future__ import annotations
 
+import argparse
 import itertools
+import json
+import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
+from typing import Any
 
-from gpuready.memory import estimate
-from gpuready.memory.estimate import clear_caches
-from gpuready.workload import make_workload
-
-CLI = [
-    sys.executable,
-    "-m",
-    "gpuready",
-    "estimate",
-    "llama-3.1-8b",
-    "--method",
-    "lora",
-    "--gpu-memory",
-    "24GiB",
-    "--json",
-]
+CLI_JOBS: dict[str, list[str]] = {
+    "`estimate llama-3.1-8b --method lora --gpu-memory 24GiB --json` (fits, max batch, 4 mitigations)": [
+        "estimate",
+        "llama-3.1-8b",
+        "--method",
+        "lora",
+        "--gpu-memory",
+        "24GiB",
+        "--json",
+    ],
+    "`plan llama-3.1-8b --method lora --json`": ["plan", "llama-3.1-8b", "--method", "lora", "--json"],
+    "`--help`": ["--help"],
+}
+SWEEPS = (("gpt2", 256, 128), ("llama-3.2-1b", 2048, 64), ("llama-3.1-8b", 2048, 16))
 
 
-def cli_seconds(runs: int = 7) -> list[float]:
-    times = []
+def _env(src: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = str(src)
+    return env
+
+
+def cli_times(src: Path, argv: list[str], runs: int) -> tuple[float, float]:
+    """(median wall s, median CPU s) of `python -m gpuready ARGV` with `src` first on the path."""
+    cmd = [sys.executable, "-m", "gpuready", *argv]
+    subprocess.run(cmd, capture_output=True, check=False, env=_env(src))  # compiles the bytecode
+    walls, cpus = [], []
     for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
-        subprocess.run(CLI, capture_output=True, check=False)
-        times.append(time.perf_counter() - t0)
-    return times
+        subprocess.run(cmd, capture_output=True, check=False, env=_env(src))
+        walls.append(time.perf_counter() - t0)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return statistics.median(walls), statistics.median(cpus)
 
 
-def heavy_imports() -> list[str]:
-    proc = subprocess.run([sys.executable, "-X", "importtime", *CLI[1:]], capture_output=True, text=True)
+def heavy_imports(src: Path) -> list[str]:
+    argv = CLI_JOBS[next(iter(CLI_JOBS))]
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "gpuready", *argv], capture_output=True, text=True, env=_env(src)
+    )
     mods = [line.split("|")[-1].strip() for line in proc.stderr.splitlines() if "|" in line]
-    return [m for m in mods if m.split(".")[0] in ("torch", "transformers", "numpy", "pandas")]
+    return sorted({m for m in mods if m.split(".")[0] in ("torch", "transformers", "numpy", "pandas")})
 
 
-def library_rate(models: list[str]) -> tuple[int, float]:
-    jobs = [
-        make_workload(model=m, batch=b, seq=s, method=meth, grad_ckpt=ck)
-        for m, b, s, meth, ck in itertools.product(models, (1, 2, 4), (512, 2048), ("full", "lora"), (False, True))
-    ]
-    clear_caches()
-    t0 = time.perf_counter()
-    for w in jobs:
-        estimate(w)
-    return len(jobs), time.perf_counter() - t0
+def library() -> dict[str, Any]:
+    """Library measures in this process (run with the tree to measure first on the path): CPU seconds."""
+    from gpuready.memory import estimate
+    from gpuready.memory.estimate import clear_caches
+    from gpuready.workload import make_workload
 
-
-def catalog_rate(models: list[str]) -> tuple[int, float]:
-    """`plan`'s question: for each job, fits and largest batch on every card of the catalog. Distinct jobs, cache
-    cleared first; the batch sizes the searches share are estimated once."""
+    out: dict[str, Any] = {}
+    for model, seq, top in SWEEPS:
+        jobs = [make_workload(model=model, method="lora", seq=seq, batch=b) for b in range(1, top + 1)]
+        clear_caches()
+        t0 = time.process_time()
+        for w in jobs:
+            estimate(w)
+        out[f"batch sweep: {model} LoRA seq {seq}, batches 1-{top}, no card"] = (len(jobs), time.process_time() - t0)
+    for models in (["gpt2", "qwen2.5-0.5b"], ["llama-3.2-1b", "llama-3.1-8b"]):
+        jobs = [
+            make_workload(model=m, batch=b, seq=s, method=meth, grad_ckpt=ck)
+            for m, b, s, meth, ck in itertools.product(models, (1, 2, 4), (512, 2048), ("full", "lora"), (False, True))
+        ]
+        clear_caches()
+        t0 = time.process_time()
+        for w in jobs:
+            estimate(w)
+        out[f"distinct jobs: {', '.join(models)}"] = (len(jobs), time.process_time() - t0)
     from gpuready.catalog.gpus import load_gpus
 
     cards = load_gpus()
-    jobs = [make_workload(model=m, seq=2048, method=meth) for m in models for meth in ("full", "lora")]
-    clear_caches()
-    t0 = time.perf_counter()
-    verdicts = 0
-    for w in jobs:
-        for card in cards:
-            estimate(w, card.usable_bytes, find_max_batch=True)
-            verdicts += 1
-    return verdicts, time.perf_counter() - t0
+    for models in (["qwen2.5-0.5b", "llama-3.2-1b"], ["llama-3.1-8b", "qwen2.5-7b"]):
+        jobs = [make_workload(model=m, seq=2048, method=meth) for m in models for meth in ("full", "lora")]
+        clear_caches()
+        t0 = time.process_time()
+        for w in jobs:
+            for card in cards:
+                estimate(w, card.usable_bytes, find_max_batch=True)
+        out[f"catalog sweep (fits + max batch on every card): {', '.join(models)}"] = (
+            len(jobs) * len(cards),
+            time.process_time() - t0,
+        )
+    return out
+
+
+def library_in(src: Path) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, __file__, "--library-json"], capture_output=True, text=True, check=True, env=_env(src)
+    )
+    data: dict[str, Any] = json.loads(proc.stdout)
+    return data
+
+
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def report(trees: list[tuple[str, Path]], runs: int, against: str | None) -> None:
+    print(
+        f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, machine: {platform.platform()}, "
+        f"{os.cpu_count()} CPUs, python {platform.python_version()}"
+    )
+    print(f"command: python benchmarks/speed.py{f' --against {against}' if against else ''} --runs {runs}")
+    print(f"load average before: {load()}\n")
+    head = " | ".join(name for name, _ in trees)
+    print(f"## CLI end to end (median of {runs}; wall s / CPU s)\n| command | {head} |\n|---|" + "---:|" * len(trees))
+    for label, argv in CLI_JOBS.items():
+        cells = []
+        for _, src in trees:
+            wall, cpu = cli_times(src, argv, runs)
+            cells.append(f"{wall:.3f} / {cpu:.3f}")
+        print(f"| {label} | {' | '.join(cells)} |")
+    heavy = {name: heavy_imports(src) for name, src in trees}
+    print(f"\nheavy modules imported by `estimate` (python -X importtime): {heavy}")
+    print(f"\n## Library (CPU s; estimates/s)\n| measure | n | {head} |\n|---|---:|" + "---:|" * len(trees))
+    results = [library_in(src) for _, src in trees]
+    for key in results[0]:
+        n = results[0][key][0]
+        cells = [f"{r[key][1]:.2f} s; {n / r[key][1]:.0f}/s" for r in results]
+        print(f"| {key} | {n} | {' | '.join(cells)} |")
+    print(f"\nload average after: {load()}")
 
 
 PLAN_JOBS = (
@@ -99,34 +175,29 @@ def plan_report(runs: int = 3) -> None:
 
 
 def main() -> int:
-    if "--plan" in sys.argv[1:]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--against", help="a git commit to measure side by side with this tree")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--plan", action="store_true")
+    ap.add_argument("--library-json", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.library_json:
+        print(json.dumps(library()))
+        return 0
+    if args.plan:
         plan_report()
         return 0
-    times = cli_seconds()
-    heavy = heavy_imports()
-    print(
-        f"date: {time.strftime('%Y-%m-%d')}, machine: {platform.platform()}, {platform.processor() or '?'}, "
-        f"python {platform.python_version()}"
-    )
-    print(
-        f"command: python benchmarks/speed.py\n\n## CLI end to end\n`{' '.join(CLI[2:])}`: median "
-        f"{statistics.median(times):.3f} s, min {min(times):.3f} s, max {max(times):.3f} s over {len(times)} runs "
-        "(includes the max-batch search and the re-estimated mitigations)"
-    )
-    print(f"\nheavy modules imported by the CLI (python -X importtime): {heavy or 'none'}")
-    print(
-        "\n## Library, distinct jobs (cache cleared)\n| models | jobs | seconds | estimates/s |\n|---|---:|---:|---:|"
-    )
-    for models in (["gpt2", "qwen2.5-0.5b"], ["llama-3.2-1b", "llama-3.1-8b"], ["llama-3.1-70b"]):
-        n, sec = library_rate(models)
-        print(f"| {', '.join(models)} | {n} | {sec:.2f} | {n / sec:.0f} |")
-    print(
-        "\n## Library, the catalog sweep `plan` makes (fits + max batch on every catalog card; repeated batch sizes "
-        "cached)\n| models | card verdicts | seconds | verdicts/s |\n|---|---:|---:|---:|"
-    )
-    for models in (["qwen2.5-0.5b", "llama-3.2-1b"], ["llama-3.1-8b", "qwen2.5-7b"]):
-        n, sec = catalog_rate(models)
-        print(f"| {', '.join(models)} | {n} | {sec:.2f} | {n / sec:.0f} |")
+    root = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory() as tmp:
+        trees = []
+        if args.against:
+            archive = subprocess.run(
+                ["git", "-C", str(root), "archive", args.against, "src"], check=True, capture_output=True
+            )
+            subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+            trees.append((args.against, Path(tmp) / "src"))
+        trees.append(("this tree", root / "src"))
+        report(trees, args.runs, args.against)
     return 0
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from gpuready.memory.allocator import (
@@ -9,6 +11,7 @@ from gpuready.memory.allocator import (
     AllocatorOutOfMemory,
     CachingAllocator,
     replay,
+    replay_reference,
     round_size,
     segment_size,
 )
@@ -196,3 +199,35 @@ def test_large_segments_are_placed_below_earlier_ones_and_ties_go_to_the_lowest_
     assert alloc.malloc(40 * MIB).addr == second.addr
     small_a, small_b = alloc.malloc(2 * 1024), alloc.malloc(1 * MIB)
     assert small_a.addr < small_b.addr  # the second small request needs a second 2 MiB segment, placed above
+
+
+def _random_trace(rng: random.Random, n: int) -> list[int]:
+    """Allocations of every pool's sizes (small, 1-10 MiB, own segments, some exactly equal) and frees in random
+    order, so that splits, merges with either neighbour and reuse all happen."""
+    sizes = [1, 512, 700, 4096, MIB - 100, MIB, MIB + 1, 3 * MIB, 9 * MIB, 10 * MIB, 33 * MIB, 200 * MIB]
+    live: list[int] = []
+    events: list[int] = []
+    count = 0
+    for _ in range(n):
+        if live and rng.random() < 0.45:
+            events.append(-live.pop(rng.randrange(len(live))))
+        else:
+            base = rng.choice(sizes)
+            events.append(base if rng.random() < 0.5 else base + rng.randrange(1, 4 * MIB))
+            count += 1
+            live.append(count)
+    return events
+
+
+def test_fast_replay_gives_every_stat_of_the_one_call_per_event_replay() -> None:
+    rng = random.Random(14)
+    for _ in range(40):
+        events = _random_trace(rng, 600)
+        peak = replay_reference(events).peak_reserved_bytes
+        for cap in (None, peak // 3, peak // 2, peak * 3 // 4, peak * 9 // 10, peak - MIB, peak):
+            assert replay(events, cap) == replay_reference(events, cap)
+
+
+def test_fast_replay_refuses_a_double_free() -> None:
+    with pytest.raises(ValueError, match="freed twice"):
+        replay([1000, -1, -1])

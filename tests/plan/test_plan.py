@@ -120,7 +120,8 @@ def test_a_price_file_overrides_the_defaults(tmp_path: Path) -> None:
 def test_nothing_fits_gives_mitigations() -> None:
     result = plan(make_workload(model="llama-3.1-405b"), default_prices())
     assert not any(o.runs for o in result.options)
-    assert result.mitigations and all("change" in m for m in result.mitigations)
+    assert result.mitigations and result.mitigations_gpu
+    assert all("change" in m and m["gpu"] == result.mitigations_gpu for m in result.to_json()["mitigations"])
 
 
 def test_cli_json_keys(capsys: pytest.CaptureFixture[str]) -> None:

@@ -140,6 +140,6 @@ def render(result: PlanResult) -> None:
     if result.steps and by_job:
         console.print(f"  {result.steps:,} steps of {result.units_per_step:,} {result.unit}")
     for sug in result.mitigations:
-        console.print(f"  on {sug['gpu']}: {sug['change']} -> {sug['peak_device_bytes'] / 2**30:.1f} GiB")
+        console.print(f"  on {result.mitigations_gpu}: {sug.change} -> {sug.peak_device_bytes / 2**30:.1f} GiB")
     for a in result.assumptions:
         console.print(f"[dim]  - {a}[/dim]")

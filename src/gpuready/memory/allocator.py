@@ -41,6 +41,11 @@ SMALL_BUFFER = 2 * MIB  # kSmallBuffer: segment size of the small pool
 LARGE_BUFFER = 20 * MIB  # kLargeBuffer: segment size for large-pool requests under MIN_LARGE_ALLOC
 MIN_LARGE_ALLOC = 10 * MIB  # kMinLargeAlloc
 ROUND_LARGE = 2 * MIB  # kRoundLarge: requests of MIN_LARGE_ALLOC and more get their own segment, rounded
+# the model's segment addresses (only their order matters: CachingAllocator._place): small-pool segments at and above
+# SMALL_BASE, large-pool ones below it; all below 2**49 while the reserve is under 2**47 B, so `replay`'s pool keys
+# `size << ADDR_BITS | address` order by size, then address
+SMALL_BASE = 1 << 48
+ADDR_BITS = 50
 
 
 class AllocatorOutOfMemory(Exception):
@@ -151,8 +156,8 @@ class CachingAllocator:
         # driver hands small-pool segments out at rising addresses and large ones mostly at falling addresses
         # (13 recorded H200 traces: 80-95% of consecutive small segments rise, 60-95% of large ones fall), and with
         # that placement the replay of the recorded requests reproduces every trace's reserve exactly
-        self._next_small_addr = 1 << 48
-        self._next_large_addr = 1 << 48
+        self._next_small_addr = SMALL_BASE
+        self._next_large_addr = SMALL_BASE
         self._segment_heads: dict[int, Block] = {}  # segment start address -> first block
 
     # -- the two calls ---------------------------------------------------------------------------------
@@ -255,6 +260,143 @@ def replay(
     events: Iterable[int], capacity_bytes: int | None = None, streams: list[int] | None = None
 ) -> AllocatorStats:
     """Replay a trace: a positive number allocates that many bytes and gets the next id (1, 2, ...);
+    a negative number `-k` frees the allocation with id `k`. Zero-byte events are not allocations.
+    `streams[k]`: the CUDA stream of allocation `k` (all on stream 0 when None); `capacity_bytes`: the
+    device's limit for the allocator's reserve (None: unlimited).
+
+    The same rules as CachingAllocator, written as one loop over plain ints for speed: a block is its start
+    address; the cached free blocks of each pool are a sorted list of keys `size << ADDR_BITS | address` (the
+    BlockPool order: smallest size, then lowest address) with two dicts from a free block's start to its size
+    and from its end to its start (a freed block merges with the free block ending where it starts and the
+    one starting where it ends: segments are never adjacent, so these are its neighbours in its segment).
+    Events on several streams take replay_reference. benchmarks/replay_check.py checks the two agree."""
+    if streams is not None:
+        return replay_reference(events, capacity_bytes, streams)
+    return _replay_one_stream(events, capacity_bytes)
+
+
+def _replay_one_stream(events: Iterable[int], capacity_bytes: int | None) -> AllocatorStats:
+    bisect_left = bisect.bisect_left
+    insort = bisect.insort
+    shift = ADDR_BITS
+    small_keys: list[int] = []  # the small pool's cached free blocks, as size << shift | addr, sorted
+    large_keys: list[int] = []
+    free_size: dict[int, int] = {}  # cached free block start -> size (both pools: addresses are unique)
+    free_end: dict[int, int] = {}  # cached free block end -> start
+    seg_size: dict[int, int] = {}  # segment start -> segment size
+    h_addr: list[int] = [0]  # allocation id -> block start (ids count from 1)
+    h_size: list[int] = [0]  # allocation id -> block size handed out (0 once freed)
+    allocated = reserved = peak_a = peak_r = 0
+    peak_a_event = peak_r_event = -1
+    segments = releases = 0
+    next_small = next_large = SMALL_BASE
+    cap = capacity_bytes
+    oom: int | None = None
+    i = -1
+    for i, ev in enumerate(events):
+        if ev > 0:
+            size = (ev + 511) // 512 * 512  # round_size (MIN_BLOCK_SIZE is 512; ev >= 1 gives at least 512)
+            small = size <= SMALL_SIZE
+            keys = small_keys if small else large_keys
+            j = bisect_left(keys, size << shift)
+            if j < len(keys):
+                key = keys.pop(j)
+                bsize = key >> shift
+                addr = key - (bsize << shift)
+                del free_size[addr]
+                del free_end[addr + bsize]
+            else:
+                # a new segment (CachingAllocator._new_segment)
+                if small:
+                    bsize = SMALL_BUFFER
+                elif size < MIN_LARGE_ALLOC:
+                    bsize = LARGE_BUFFER
+                else:
+                    bsize = (size + ROUND_LARGE - 1) // ROUND_LARGE * ROUND_LARGE
+                if cap is not None and reserved + bsize > cap:
+                    # release_cached: every wholly free segment goes back to the device, then one retry
+                    whole = [a for a, n in seg_size.items() if free_size.get(a) == n]
+                    for a in whole:
+                        n = seg_size.pop(a)
+                        pool = small_keys if a >= SMALL_BASE else large_keys
+                        k = n << shift | a
+                        del pool[bisect_left(pool, k)]
+                        del free_size[a]
+                        del free_end[a + n]
+                        reserved -= n
+                        segments -= 1
+                    releases += 1
+                    if reserved + bsize > cap:
+                        oom = i
+                        break
+                if small:
+                    addr = next_small
+                    next_small += bsize + ROUND_LARGE
+                else:
+                    next_large -= bsize + ROUND_LARGE
+                    addr = next_large
+                seg_size[addr] = bsize
+                segments += 1
+                reserved += bsize
+            remaining = bsize - size
+            if remaining >= MIN_BLOCK_SIZE if small else remaining > SMALL_SIZE:
+                rest = addr + size
+                insort(keys, remaining << shift | rest)
+                free_size[rest] = remaining
+                free_end[rest + remaining] = rest
+                bsize = size
+            h_addr.append(addr)
+            h_size.append(bsize)
+            allocated += bsize
+            if allocated > peak_a:
+                peak_a, peak_a_event = allocated, i
+            if reserved > peak_r:
+                peak_r, peak_r_event = reserved, i
+        elif ev < 0:
+            k = -ev
+            size = h_size[k]
+            if size == 0:
+                raise ValueError(f"event {i}: allocation {k} freed twice")
+            h_size[k] = 0
+            allocated -= size
+            addr = h_addr[k]
+            keys = small_keys if addr >= SMALL_BASE else large_keys
+            end = addr + size
+            prev = free_end.pop(addr, None)
+            if prev is not None:
+                psize = free_size.pop(prev)
+                del keys[bisect_left(keys, psize << shift | prev)]
+                addr = prev
+                size += psize
+            nsize = free_size.pop(end, None)
+            if nsize is not None:
+                del keys[bisect_left(keys, nsize << shift | end)]
+                del free_end[end + nsize]
+                size += nsize
+            insort(keys, size << shift | addr)
+            free_size[addr] = size
+            free_end[addr + size] = addr
+    del i
+    return AllocatorStats(
+        peak_allocated_bytes=peak_a,
+        peak_reserved_bytes=peak_r,
+        allocated_bytes=allocated,
+        reserved_bytes=reserved,
+        peak_allocated_event=peak_a_event,
+        peak_reserved_event=peak_r_event,
+        segments=segments,
+        releases=releases,
+        oom_event=oom,
+    )
+
+
+def replay_reference(
+    events: Iterable[int], capacity_bytes: int | None = None, streams: list[int] | None = None
+) -> AllocatorStats:
+    """The plain replay through CachingAllocator, one call per event: `replay`'s reference (the exactness check,
+    benchmarks/replay_check.py, compares the two), and its path for events on several streams.
+
+    Replay a trace: a positive number allocates that many bytes and gets the next id (1, 2, ...);
     a negative number `-k` frees the allocation with id `k`. Zero-byte events are not allocations.
     `streams[k]`: the CUDA stream of allocation `k` (all on stream 0 when None); `capacity_bytes`: the
     device's limit for the allocator's reserve (None: unlimited)."""

@@ -23,6 +23,7 @@ from gpuready.memory.fit import (
 )
 from gpuready.memory.program import Program
 from gpuready.memory.result import MemoryEstimate
+from gpuready.memory.template import Template, build_template
 from gpuready.models import ModelSpec, resolve_model
 from gpuready.search import largest_passing
 from gpuready.workload import Workload
@@ -46,7 +47,6 @@ class _Run:
     replay_reserved: int  # the replay's alone
     phase: str
     phase_peaks: dict[str, int]
-    breakdown: dict[str, int]  # at the peak phase
     largest_request: int
 
 
@@ -67,14 +67,43 @@ def _run(spec: ModelSpec, w: Workload, meta_init: bool = False) -> _Run:
         replayed,
         phase,
         dict(prog.phase_peaks),
-        prog.breakdown(phase),
         prog.largest_request,
     )
 
 
+@functools.lru_cache(maxsize=256)
+def _breakdown(spec: ModelSpec, w: Workload, meta_init: bool, phase: str) -> dict[str, int]:
+    """Live bytes per component at the peak of `phase`, largest first: one pass over the program, made only for the
+    estimates returned (a max-batch search's batches do not need it)."""
+    parts = _program(spec, w, meta_init).breakdown(phase)
+    return dict(sorted(parts.items(), key=lambda kv: -kv[1]))
+
+
 @functools.lru_cache(maxsize=32)
 def _program(spec: ModelSpec, w: Workload, meta_init: bool = False) -> Program:
-    """The job's allocation program (the last few kept: the replay under a card's limit reads it again)."""
+    """The job's allocation program (the last few kept: the replay under a card's limit reads it again). The first
+    batch of a job is built; from the second, the job's batch template (memory/template.py) writes it out, where the
+    program is affine in the batch."""
+    structure = w.model_copy(update={"batch": 1})
+    if len(_first_batch) > 4096:
+        _first_batch.clear()
+    first = _first_batch.setdefault((spec, structure, meta_init), w.batch)
+    if first != w.batch:
+        template = _template(spec, structure, meta_init)
+        if template is not None:
+            return template.instantiate(w.batch)
+    return _build(spec, w, meta_init)
+
+
+_first_batch: dict[tuple[ModelSpec, Workload, bool], int] = {}  # job structure (batch 1) -> first batch built
+
+
+@functools.lru_cache(maxsize=32)
+def _template(spec: ModelSpec, structure: Workload, meta_init: bool) -> Template | None:
+    return build_template(lambda w: _build(spec, w, meta_init), structure)
+
+
+def _build(spec: ModelSpec, w: Workload, meta_init: bool = False) -> Program:
     if spec.kind == "vision":
         from gpuready.memory.vision import vision_program
 
@@ -117,8 +146,9 @@ def _fit(spec: ModelSpec, w: Workload, gpu_memory_bytes: int, meta_init: bool = 
 
 def clear_caches() -> None:
     """Forget every program, replay and verdict (for benchmarks that time distinct jobs)."""
-    for cached in (_program, _core, _fit, _live_peak):
+    for cached in (_program, _core, _fit, _live_peak, _breakdown, _template):
         cached.cache_clear()
+    _first_batch.clear()
 
 
 def _check_supported(spec: ModelSpec, w: Workload) -> None:
@@ -169,7 +199,7 @@ def estimate(
     meta_init = fsdp_meta_init(spec, workload, gpu_memory_bytes)
     run = _core(spec, workload, meta_init)
     overhead = device_overhead_bytes(workload)
-    breakdown = dict(sorted(run.breakdown.items(), key=lambda kv: -kv[1]))
+    breakdown = dict(_breakdown(spec, workload, meta_init, run.phase))
     result = MemoryEstimate(
         model=spec.name,
         params=spec.params,

@@ -8,6 +8,7 @@ building a program costs one append per event.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 # PyTorch rounds every allocation up to a multiple of 512 bytes (kMinBlockSize, c10/cuda/CUDACachingAllocator.cpp)
@@ -16,6 +17,11 @@ ROUND = 512
 
 def rounded(nbytes: int) -> int:
     return max(ROUND, (nbytes + ROUND - 1) // ROUND * ROUND) if nbytes > 0 else 0
+
+
+# `on_new`: called with every Program made in this thread while memory/template.py records a program with the batch
+# as a symbol (absent otherwise; per thread, so that programs built meanwhile in other threads are plain)
+HOOKS = threading.local()
 
 
 @dataclass
@@ -36,27 +42,41 @@ class Program:
     # a cached segment the replay does not see but that is held at the peak (cuDNN's largest workspace)
     cached_outside_bytes: int = 0
     largest_request: int = 0  # the largest single allocation after loading (the fit rule keeps room for one)
+    # the current phase's peak so far and whether it is "load" (kept by set_phase: alloc runs once per event)
+    _phase_peak: int = field(default=-1, init=False, repr=False, compare=False)
+    _loading: bool = field(default=True, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.set_phase(self.phase)
+        hook = getattr(HOOKS, "on_new", None)
+        if hook is not None:
+            hook(self)
 
     def set_phase(self, name: str) -> None:
         self.phase = name
+        self._phase_peak = self.phase_peaks.get(name, -1)
+        self._loading = name == "load"
 
     def alloc(self, category: str, nbytes: int) -> int:
         """Allocate a tensor of `nbytes`; returns its handle (0-byte tensors get handle 0 and take nothing)."""
-        size = rounded(int(nbytes))
-        if size == 0:
+        n = int(nbytes)
+        if n <= 0:
             return 0
-        self.sizes.append(size)
+        size = (n + ROUND - 1) // ROUND * ROUND  # rounded(n): at least ROUND for n >= 1
+        sizes = self.sizes
+        sizes.append(size)
         self.categories.append(category)
-        self.events.append(size)
-        self.allocated += size
-        if size > self.largest_request and self.phase != "load":
+        events = self.events
+        events.append(size)
+        allocated = self.allocated = self.allocated + size
+        if size > self.largest_request and not self._loading:
             self.largest_request = size
-        if self.allocated > self.phase_peaks.get(self.phase, -1):
-            self.phase_peaks[self.phase] = self.allocated
-            self.phase_peak_events[self.phase] = len(self.events)
-            if self.allocated > self.peak_allocated:
-                self.peak_allocated = self.allocated
-        return len(self.sizes) - 1
+        if allocated > self._phase_peak:
+            self._phase_peak = self.phase_peaks[self.phase] = allocated
+            self.phase_peak_events[self.phase] = len(events)
+            if allocated > self.peak_allocated:
+                self.peak_allocated = allocated
+        return len(sizes) - 1
 
     def free(self, handle: int) -> None:
         if handle == 0:

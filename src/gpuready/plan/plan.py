@@ -13,7 +13,7 @@ records, plan/calibrate.py) scale its step time.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuready.catalog import Gpu, load_gpus
 from gpuready.catalog.prices import Price
@@ -22,6 +22,9 @@ from gpuready.memory.fit import RULE as FIT_RULE
 from gpuready.models import ModelSpec, resolve_model
 from gpuready.plan.steptime import StepTime, step_time
 from gpuready.workload import Workload
+
+if TYPE_CHECKING:
+    from gpuready.memory.mitigations import Mitigation
 
 UNIT_SCALE = {"tokens": 1_000_000, "images": 1_000}
 UNIT_LABEL = {"tokens": "1M tokens", "images": "1k images"}
@@ -58,7 +61,9 @@ class PlanResult:
     options: list[PlanOption]
     steps: int | None
     tokens_per_step: int
-    mitigations: list[dict[str, Any]] = field(default_factory=list)
+    # what would fit the catalog's largest card (mitigations_gpu), computed only when no card runs the job
+    mitigations: list[Mitigation] = field(default_factory=list)
+    mitigations_gpu: str | None = None
     assumptions: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     unit: str = "tokens"
@@ -77,7 +82,7 @@ class PlanResult:
             "units_per_step": self.units_per_step,
             "ranked_by": self.ranked_by,
             "cost_formula": self.cost_formula,
-            "mitigations": self.mitigations,
+            "mitigations": [m.to_json() | {"gpu": self.mitigations_gpu} for m in self.mitigations],
             "assumptions": self.assumptions,
         }
 
@@ -272,12 +277,13 @@ def plan(
         )
 
     options.sort(key=rank)
-    mitigations: list[dict[str, Any]] = []
+    mitigations: list[Mitigation] = []
+    mitigations_gpu = None
     if not any(o.runs for o in options):
         from gpuready.memory.mitigations import suggest
 
         largest = max(cards, key=lambda g: g.usable_bytes)
-        mitigations = [m.to_json() | {"gpu": largest.name} for m in suggest(workload, largest.usable_bytes)]
+        mitigations, mitigations_gpu = suggest(workload, largest.usable_bytes), largest.name
     label = UNIT_LABEL[unit]
     formula = (
         f"cost per {label} = $/GPU-h x GPUs x step s / {unit} per step x {UNIT_SCALE_TEXT[unit]} / 3600"
@@ -311,6 +317,7 @@ def plan(
         job_steps,
         tokens_per_step,
         mitigations,
+        mitigations_gpu,
         notes,
         warnings,
         unit=unit,

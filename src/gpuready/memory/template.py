@@ -1,0 +1,299 @@
+"""A job's program for every batch at once: built one time with the batch as a symbol, then written out for any
+batch by arithmetic (a max-batch search or a `plan` sweep asks for many batches of one job).
+
+The program builders (memory/lm.py, memory/vision.py) are run once on a workload whose `batch` is `Batch()`, the
+affine form `1 * batch + 0`. Their arithmetic carries it: every tensor size comes out as `a * batch + c` with
+integer a and c. Whatever the builders do with it that is not exactly affine for every batch raises `NotAffine`
+(no float products, no `int()`, a floor division only where it divides exactly, a comparison or branch only where
+its answer is the same for every batch from 1 to MAX), and then the caller builds the program for its batch the
+plain way. So a template exists only where every event of the program is the same op, on the same handle, at every
+batch, with a size affine in the batch: `instantiate` then gives the same Program the builders would.
+benchmarks/speed_check.py compares the two over a sweep of jobs and batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from gpuready.memory import program as program_module
+from gpuready.memory.program import ROUND, Program
+
+MAX = 1_000_000  # the largest batch a Workload allows (workload/spec.py); answers must hold on 1..MAX
+
+
+class NotAffine(Exception):
+    """The program's builders did something with the batch that is not the same for every batch."""
+
+
+class Batch:
+    """`a * batch + c` for every batch in 1..MAX (a, c integers)."""
+
+    __slots__ = ("a", "c")
+
+    def __init__(self, a: int = 1, c: int = 0) -> None:
+        if type(a) is not int or type(c) is not int:
+            raise NotAffine(f"coefficients {a!r}, {c!r}")
+        self.a, self.c = a, c
+
+    @staticmethod
+    def _of(x: Any) -> Batch:
+        if isinstance(x, Batch):
+            return x
+        if type(x) is int:
+            return Batch(0, x)
+        raise NotAffine(f"arithmetic with {type(x).__name__}")
+
+    def at(self, batch: int) -> int:
+        return self.a * batch + self.c
+
+    def __add__(self, other: Any) -> Batch:
+        o = Batch._of(other)
+        return Batch(self.a + o.a, self.c + o.c)
+
+    __radd__ = __add__
+
+    def __sub__(self, other: Any) -> Batch:
+        o = Batch._of(other)
+        return Batch(self.a - o.a, self.c - o.c)
+
+    def __rsub__(self, other: Any) -> Batch:
+        return Batch._of(other) - self
+
+    def __neg__(self) -> Batch:
+        return Batch(-self.a, -self.c)
+
+    def __pos__(self) -> Batch:
+        return self
+
+    def __mul__(self, other: Any) -> Batch:
+        o = Batch._of(other)
+        if self.a and o.a:
+            raise NotAffine("batch times batch")
+        return Batch(self.a * o.c + o.a * self.c, self.c * o.c)
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, other: Any) -> Batch:
+        if type(other) is not int or other == 0 or self.a % other or self.c % other:
+            raise NotAffine("floor division that does not divide exactly")
+        return Batch(self.a // other, self.c // other)
+
+    def _ends(self, other: Any) -> tuple[int, int]:
+        """self - other at batch 1 and at batch MAX: an affine difference is monotone, so a relation `d > 0`,
+        `d >= 0`, `d < 0` or `d <= 0` that holds (or fails) at both ends holds (or fails) at every batch between."""
+        d = self - Batch._of(other)
+        return d.at(1), d.at(MAX)
+
+    def _decide(self, lo: bool, hi: bool) -> bool:
+        if lo != hi:
+            raise NotAffine("a comparison whose answer depends on the batch")
+        return lo
+
+    def __eq__(self, other: object) -> bool:
+        d = self - Batch._of(other)
+        if d.a == 0:
+            return d.c == 0
+        if -d.c % d.a or not 1 <= -d.c // d.a <= MAX:
+            return False  # no batch makes them equal
+        raise NotAffine("an equality that holds at one batch only")
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __lt__(self, other: Any) -> bool:
+        lo, hi = self._ends(other)
+        return self._decide(lo < 0, hi < 0)
+
+    def __le__(self, other: Any) -> bool:
+        lo, hi = self._ends(other)
+        return self._decide(lo <= 0, hi <= 0)
+
+    def __gt__(self, other: Any) -> bool:
+        lo, hi = self._ends(other)
+        return self._decide(lo > 0, hi > 0)
+
+    def __ge__(self, other: Any) -> bool:
+        lo, hi = self._ends(other)
+        return self._decide(lo >= 0, hi >= 0)
+
+    def __bool__(self) -> bool:
+        return self != 0
+
+    def __hash__(self) -> int:
+        return hash(("Batch", self.a, self.c))
+
+    def __repr__(self) -> str:
+        return f"Batch({self.a}, {self.c})"
+
+    # everything else (int(), float products, **, %, divmod, indexing, range) raises TypeError: not affine
+    def __int__(self) -> int:
+        raise NotAffine("int() of the batch")
+
+    __index__ = __int__
+
+    def __float__(self) -> float:
+        raise NotAffine("float() of the batch")
+
+    def __truediv__(self, other: Any) -> Any:
+        raise NotAffine("true division of the batch")
+
+    __rtruediv__ = __truediv__
+    __rfloordiv__ = __truediv__
+    __mod__ = __truediv__
+    __rmod__ = __truediv__
+    __pow__ = __truediv__
+    __rpow__ = __truediv__
+
+
+class _Unknown:
+    """What a Program's running figures (allocated, peaks, events, sizes) are while its batch is a symbol: any use
+    of them raises, so a builder that reads them back cannot take a template."""
+
+    def _refuse(self, *args: Any) -> Any:
+        raise NotAffine("a running figure of the program read back while the batch is a symbol")
+
+    __int__ = __index__ = __float__ = __bool__ = __len__ = __iter__ = __getitem__ = __contains__ = _refuse
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __hash__ = _refuse
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __floordiv__ = __truediv__ = _refuse
+    __neg__ = __setitem__ = __delitem__ = _refuse
+
+
+UNKNOWN: Any = _Unknown()
+
+
+class _Recorder:
+    """Program's alloc/free/size_of/set_phase for a build with a symbolic batch (bound onto the Program)."""
+
+    def __init__(self, prog: Program) -> None:
+        self.prog = prog
+        self.a: list[int] = [0]  # handle -> bytes requested = a * batch + c
+        self.c: list[int] = [0]
+        self.ops: list[int] = []  # +handle allocates it, -handle frees it
+        self.phases: list[tuple[int, str]] = [(0, prog.phase)]  # (ops before, phase)
+
+    def alloc(self, category: str, nbytes: Any) -> int:
+        n = nbytes if isinstance(nbytes, Batch) else Batch(0, int(nbytes))
+        if n.a == 0 and n.c <= 0:
+            return 0  # no tensor at any batch
+        if n.a < 0 or n.at(1) <= 0:
+            raise NotAffine("a size that is empty at some batches")
+        self.a.append(n.a)
+        self.c.append(n.c)
+        self.prog.categories.append(category)
+        self.ops.append(len(self.a) - 1)
+        return len(self.a) - 1
+
+    def free(self, handle: int) -> None:
+        if handle:
+            self.ops.append(-handle)
+
+    def size_of(self, handle: int) -> int:
+        if self.a[handle]:
+            raise NotAffine("a batch-dependent size read back (rounding is not affine)")
+        c = self.c[handle]
+        return (c + ROUND - 1) // ROUND * ROUND if handle else 0
+
+    def set_phase(self, name: str) -> None:
+        self.prog.phase = name
+        self.phases.append((len(self.ops), name))
+
+
+@dataclass(frozen=True)
+class Template:
+    a: list[int]
+    c: list[int]
+    ops: list[int]
+    phases: list[tuple[int, str]]
+    categories: list[str]
+    streams: dict[str, int]
+    cached_outside_bytes: int
+
+    def instantiate(self, batch: int) -> Program:
+        """The program at `batch`: the one the builders make for it (module docstring)."""
+        sizes = [0] + [
+            (a * batch + c + ROUND - 1) // ROUND * ROUND for a, c in zip(self.a[1:], self.c[1:], strict=True)
+        ]
+        prog = Program(
+            sizes=sizes,
+            categories=list(self.categories),
+            streams=dict(self.streams),
+            cached_outside_bytes=self.cached_outside_bytes,
+        )
+        events = prog.events
+        peaks = prog.phase_peaks
+        peak_events = prog.phase_peak_events
+        allocated = peak = largest = 0
+        ops = self.ops
+        marks = [*self.phases[1:], (len(ops) + 1, "")]
+        phase = self.phases[0][1]
+        phase_peak = -1
+        mark = 0
+        for i, op in enumerate(ops):
+            while marks[mark][0] == i:
+                phase = marks[mark][1]
+                phase_peak = peaks.get(phase, -1)
+                mark += 1
+            if op > 0:
+                size = sizes[op]
+                events.append(size)
+                allocated += size
+                if size > largest and phase != "load":
+                    largest = size
+                if allocated > phase_peak:
+                    phase_peak = peaks[phase] = allocated
+                    peak_events[phase] = i + 1
+                    if allocated > peak:
+                        peak = allocated
+            else:
+                events.append(op)
+                allocated -= sizes[-op]
+        while mark < len(marks) - 1:
+            phase = marks[mark][1]
+            mark += 1
+        prog.allocated, prog.peak_allocated, prog.largest_request = allocated, peak, largest
+        prog.set_phase(phase)
+        return prog
+
+
+@contextmanager
+def _recording() -> Iterator[list[_Recorder]]:
+    made: list[_Recorder] = []
+
+    def hook(prog: Program) -> None:
+        rec = _Recorder(prog)
+        for name in ("events", "sizes", "allocated", "peak_allocated", "phase_peaks", "phase_peak_events"):
+            setattr(prog, name, UNKNOWN)
+        prog.largest_request = UNKNOWN
+        prog.alloc = rec.alloc  # type: ignore[method-assign]
+        prog.free = rec.free  # type: ignore[method-assign]
+        prog.size_of = rec.size_of  # type: ignore[method-assign]
+        prog.set_phase = rec.set_phase  # type: ignore[method-assign]
+        made.append(rec)
+
+    hooks = program_module.HOOKS
+    before = getattr(hooks, "on_new", None)
+    hooks.on_new = hook
+    try:
+        yield made
+    finally:
+        hooks.on_new = before
+
+
+def build_template(build: Callable[[Any], Program], workload: Any) -> Template | None:
+    """`build(workload)` run once with the batch as a symbol; None where the program is not affine in the batch
+    (or anything else goes wrong: the caller then builds the program for its batch)."""
+    symbolic = workload.model_copy(update={"batch": Batch()})
+    try:
+        with _recording() as made:
+            prog = build(symbolic)
+        if len(made) != 1 or made[0].prog is not prog or type(prog.cached_outside_bytes) is not int:
+            return None
+        rec = made[0]
+        return Template(
+            rec.a, rec.c, rec.ops, rec.phases, prog.categories, dict(prog.streams), prog.cached_outside_bytes
+        )
+    except Exception:  # NotAffine, or a TypeError where a builder used the batch as an int: build per batch
+        return None

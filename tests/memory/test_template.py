@@ -1,0 +1,119 @@
+"""The batch template (memory/template.py): the program written out for a batch is the one the builders make for
+it, and any use of the batch that is not the same for every batch gives no template (the program is then built)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuready.memory.estimate import _build, _template, clear_caches, estimate
+from gpuready.memory.program import Program
+from gpuready.memory.template import Batch, NotAffine, build_template
+from gpuready.models import resolve_model
+from gpuready.workload import Workload, make_workload
+
+GIB = 2**30
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"model": "gpt2", "method": "lora", "seq": 256},
+        {"model": "qwen2.5-0.5b", "seq": 512, "grad_ckpt": True, "precision": "mixed"},
+        {"model": "llama-3.2-1b", "task": "infer", "seq": 256, "new_tokens": 20},
+        {"model": "smollm2-135m", "seq": 256, "gpus": 2, "shard": "fsdp"},
+    ],
+)
+def test_the_written_out_program_is_the_built_one_at_every_batch(fields: dict[str, object]) -> None:
+    w = make_workload(**fields)
+    spec = resolve_model(w.model)
+    template = build_template(lambda x: _build(spec, x), w)
+    assert template is not None
+    for batch in (1, 2, 3, 7, 100):
+        assert template.instantiate(batch) == _build(spec, w.model_copy(update={"batch": batch}))
+
+
+def _branchy(w: Workload) -> Program:
+    prog = Program()
+    prog.alloc("activations", w.batch * 1000)
+    if w.batch > 4:  # a branch on the batch: not the same program at every batch
+        prog.alloc("activations", 10)
+    return prog
+
+
+def _rounding_read_back(w: Workload) -> Program:
+    prog = Program()
+    h = prog.alloc("activations", w.batch * 1000)
+    prog.alloc("activations", prog.size_of(h) * 2)  # the rounded size is not affine in the batch
+    return prog
+
+
+def _float_product(w: Workload) -> Program:
+    prog = Program()
+    prog.alloc("activations", int(w.batch * 1.5))
+    return prog
+
+
+def _running_total_read_back(w: Workload) -> Program:
+    prog = Program()
+    prog.alloc("activations", w.batch * 1000)
+    if prog.allocated > 10_000:  # depends on the batch through the running total
+        prog.alloc("activations", 10)
+    return prog
+
+
+@pytest.mark.parametrize("build", [_branchy, _rounding_read_back, _float_product, _running_total_read_back])
+def test_a_use_of_the_batch_that_differs_between_batches_gives_no_template(build: object) -> None:
+    assert build_template(build, make_workload(model="gpt2")) is None  # type: ignore[arg-type]
+
+
+def test_batch_comparisons_answer_only_when_the_answer_is_the_same_for_every_batch() -> None:
+    b = Batch()
+    assert b * 4 > 0 and b >= 1 and b + 1 > b and b * 2 != b
+    assert (b * 2048 == b) is False  # never equal for a batch of 1 or more
+    with pytest.raises(NotAffine):
+        _ = b > 4
+    with pytest.raises(NotAffine):
+        _ = b * 3 // 2
+    assert (b * 4 + 8) // 4 == b + 2
+
+
+def test_estimates_from_the_template_equal_those_built_batch_by_batch() -> None:
+    w = make_workload(model="qwen2.5-0.5b", method="lora", seq=512)
+    clear_caches()
+    built = [estimate(w.model_copy(update={"batch": b}), 8 * GIB) for b in (3, 5)]
+    clear_caches()
+    estimate(w, 8 * GIB)  # batch 1 first: the batches after it come from the template
+    written = [estimate(w.model_copy(update={"batch": b}), 8 * GIB) for b in (3, 5)]
+    assert _template.cache_info().currsize == 1
+    assert written == built
+
+
+def test_an_equality_that_holds_at_one_batch_only_gives_no_answer() -> None:
+    b = Batch()
+    assert b * 2 + 1 != b * 2  # never equal
+    assert (b * 2 == 3) is False  # 2b = 3 has no whole batch
+    with pytest.raises(NotAffine):
+        _ = b * 2 == 8  # batch 4
+    with pytest.raises(NotAffine):
+        bool(b - 1)  # zero at batch 1
+
+
+def test_programs_built_in_another_thread_while_recording_stay_plain() -> None:
+    import threading
+
+    from gpuready.memory.template import _recording
+
+    seen: list[list[int]] = []
+
+    def other() -> None:
+        prog = Program()
+        prog.free(prog.alloc("activations", 1000))
+        seen.append(prog.events)
+
+    with _recording() as made:
+        Program()  # this thread's program is recorded
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+    assert len(made) == 1
+    assert seen == [[1024, -1]]
