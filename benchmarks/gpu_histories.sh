@@ -34,7 +34,7 @@ for list in "$@"; do
   gpu=$((gpu + 1))
 done
 wait
-all=$(seq -s, 0 $((gpu - 1)))
+all=$(seq -s, 0 $(($(nvidia-smi -L 2>/dev/null | grep -c "^GPU") - 1)))  # every GPU of the machine
 for job in "${multi[@]+"${multi[@]}"}"; do
   # shellcheck disable=SC2086
   rec "$all" $job

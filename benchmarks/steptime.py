@@ -318,7 +318,21 @@ def main() -> int:
     ap.add_argument("--fit", action="store_true", help="refit the constants and write plan/data/steptime_fit.json")
     ap.add_argument("--predict", type=Path, help="a job list (calibrate.py format): print predicted step seconds")
     ap.add_argument("--nccl", type=Path, help="under torchrun: measure NCCL bus bandwidth, write this JSON")
+    ap.add_argument(
+        "--measured", type=Path, help="a calibration JSONL: measured against predicted for its rows with step_seconds"
+    )
     opts = ap.parse_args()
+    if opts.measured:
+        gpu = find_gpu(GPU)
+        print("| job | measured s | predicted s | predicted / measured |")
+        print("|---|---|---|---|")
+        for line in opts.measured.read_text(encoding="utf-8").splitlines():
+            r = json.loads(line)
+            if not r.get("step_seconds"):
+                continue
+            p = step_time(workload_from_args(r["args"]), gpu).seconds
+            print(f"| {r['args']} | {r['step_seconds']:.4f} | {p:.4f} | {p / r['step_seconds']:.2f} |")
+        return 0
     if opts.nccl:
         return nccl_bench(opts.nccl)
     if opts.predict:

@@ -111,6 +111,16 @@ def test_image_for_rtx_5090_and_a_pinned_old_torch(tmp_path: Path) -> None:
     assert advice.recommended.min_driver == "525.60.13"
 
 
+def test_image_for_a_gpu_named_by_the_catalogs_architecture_table() -> None:
+    """`--gpu` reads the catalog's one GPU table: cards without a spec row (A40) and looser spellings of spec
+    rows ('4090') both resolve; an AMD card is a one-line input error, not a traceback."""
+    assert advise_image(gpu="NVIDIA A40").compute_capability == "8.6"
+    advice = advise_image(gpu="4090")
+    assert (advice.gpu, advice.compute_capability) == ("RTX 4090", "8.9")
+    with pytest.raises(InputError, match="compute capability unknown"):
+        advise_image(gpu="MI300X")
+
+
 def test_image_check_fails_for_a_cpu_wheel() -> None:
     f = facts(packages=scan((torch_build("2.11.0+cpu", None),), nvidia=()))
     advice = advise_image(facts=f, check=True)

@@ -3,8 +3,6 @@ from gpuready.doctor.tables import (
     cuda_driver_table,
     cuda_for_driver,
     docker_image_table,
-    gpu_capability_table,
-    lookup_gpu_capability,
     mvc_min_driver,
     parse_capability,
     wheel_table,
@@ -13,7 +11,7 @@ from gpuready.doctor.tables import (
 
 
 def test_every_table_loads_and_every_row_has_a_source() -> None:
-    for table in (cuda_driver_table(), wheel_table(), gpu_capability_table(), docker_image_table()):
+    for table in (cuda_driver_table(), wheel_table(), docker_image_table()):
         assert len(table) >= 5
         assert all(row.source.strip() for row in table)
 
@@ -36,11 +34,3 @@ def test_architectures_cubin_same_major_and_ptx() -> None:
     (cu128,) = [r for r in wheels_for("2.7") if r.variant == "cu128"]
     assert covers(cu128, (12, 1)) is True  # PTX 12.0
     assert parse_capability("sm_100") == (10, 0)
-
-
-def test_gpu_names_as_nvml_prints_them() -> None:
-    assert lookup_gpu_capability("NVIDIA H100 80GB HBM3").compute_capability == (9, 0)  # type: ignore[union-attr]
-    assert lookup_gpu_capability("NVIDIA GeForce RTX 5090").compute_capability == (12, 0)  # type: ignore[union-attr]
-    assert lookup_gpu_capability("NVIDIA L40S").name == "L40S"  # type: ignore[union-attr]
-    assert lookup_gpu_capability("NVIDIA A10G").compute_capability == (8, 6)  # type: ignore[union-attr]
-    assert lookup_gpu_capability("Matrox G200") is None

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuready.memory.allocator import MIB, replay
+from gpuready.memory.allocator import replay
 from gpuready.memory.fit import Fit, fit_margin_bytes, judge, replay_under_limit
+from gpuready.units import MIB
 
 # 60 MiB allocated and freed, then 50 and 30 MiB; the cached 60 MiB segment serves the 50 (split), the 30 needs a
 # segment of its own: 90 MiB reserved with no limit; 80 MiB at most live at once

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpuready.memory.estimate import trainable_params
-from gpuready.memory.lm.context import default_lora_targets
+from gpuready.models.lora import default_lora_targets
 from gpuready.models.spec import spec_from_config
 from gpuready.workload import make_workload
 

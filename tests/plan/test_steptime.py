@@ -8,8 +8,8 @@ import pytest
 
 from gpuready.catalog import find_gpu, load_gpus
 from gpuready.models import resolve_model
-from gpuready.plan import card_for, step_time
-from gpuready.plan.ops import comm_ops, training_ops
+from gpuready.plan import card_for, step_flops, step_time
+from gpuready.plan.ops import Op, comm_ops, lm_decode_ops, training_ops
 from gpuready.plan.steptime import PARAM_NAMES, fitted
 from gpuready.workload import make_workload, workload_from_args
 
@@ -210,3 +210,68 @@ def test_hf_generate_is_host_bound_and_says_so() -> None:
         assert any(n.startswith("host-bound") for n in st.notes)
         # the device's own share is small: a card twice as fast would gain little
         assert st.breakdown["decode host (exposed)"] > 0.5 * st.seconds
+
+
+# ---- mixture of experts: the step follows the active parameters (issue 13) ---------------------------------
+
+
+def _matmul_flops(ops: list[Op]) -> float:
+    return sum(o.flops for o in ops if o.name == "projections")
+
+
+def test_moe_decode_multiplies_and_reads_only_the_experts_its_tokens_are_routed_to() -> None:
+    """qwen3-30b-a3b (128 experts, 8 per token): a batch-1 decode step multiplies by the active parameters, not
+    all 30B; the old ops ran every expert on a floored one-row share (16x the active expert FLOPs)."""
+    spec = resolve_model("qwen3-30b-a3b")
+    w = make_workload(model="qwen3-30b-a3b", task="infer", batch=1, seq=512, new_tokens=16)
+    k = spec.experts_per_token
+    active = sum(lin.in_features * lin.out_features * (k if lin.count > 1 else 1) for lin in spec.block_linears)
+    ops = lm_decode_ops(spec, w, 520)
+    assert _matmul_flops(ops) == pytest.approx(2 * active * spec.layers, rel=1e-9)
+    shapes = {(lin.out_features, lin.in_features) for lin in spec.block_linears if lin.count > 1}
+    expert_bytes = sum(o.bytes for o in ops if o.name == "projections" and (o.n, o.k) in shapes)
+    per_expert = sum(lin.in_features * lin.out_features for lin in spec.block_linears if lin.count > 1)
+    assert expert_bytes > k * per_expert * spec.layers * 2
+    assert expert_bytes < 1.01 * k * per_expert * spec.layers * 2  # k experts' bf16 weights, not 128
+
+
+def test_moe_step_time_does_not_grow_with_experts_no_token_reaches() -> None:
+    """Doubling the experts a model holds (same size, same 8 per token) doubles its total parameters but not
+    what a decode step or a training step multiplies: the time stays (it doubled under the old ops)."""
+    from gpuready.models.presets import find_preset
+    from gpuready.models.spec import spec_from_config
+
+    preset = find_preset("qwen3-30b-a3b")
+    assert preset is not None
+    base = spec_from_config(dict(preset.config), "moe-128")
+    wide = spec_from_config(dict(preset.config, num_experts=256), "moe-256")
+    assert wide.params > 1.9 * base.params and wide.active_params < 1.1 * base.active_params
+    h200 = find_gpu("H200")
+    for w in (
+        make_workload(model="qwen3-30b-a3b", task="infer", batch=1, seq=512, new_tokens=64),
+        make_workload(model="qwen3-30b-a3b", method="lora", batch=2, seq=1024, grad_ckpt=True),
+    ):
+        narrow_s = step_time(w, h200, spec=base).seconds
+        assert step_time(w, h200, spec=wide).seconds < 1.1 * narrow_s, w.task
+
+
+def test_moe_training_flops_are_six_times_the_active_parameters_per_token() -> None:
+    for name in ("qwen3-30b-a3b", "qwen1.5-moe-a2.7b", "mixtral-8x7b"):
+        spec = resolve_model(name)
+        flops = step_flops(spec, make_workload(model=name, batch=1, seq=1024))
+        assert flops is not None
+        # attention and the router add a little; the idle experts add nothing
+        assert 0.85 < flops / (6 * spec.active_params * 1024) < 1.15, name
+
+
+def test_moe_lora_steps_measured_on_the_h200_are_predicted_within_a_third() -> None:
+    """The three MoE training rows of docs/calibration/h200_families.jsonl (not fitted): qwen1.5-moe-a2.7b,
+    gpt-oss-20b and qwen3-30b-a3b attention LoRA. With a launch per expert per layer and every expert read, the
+    model predicted x2.49, x1.33 and x4.88."""
+    rows = [json.loads(line) for line in (ROOT / "docs/calibration/h200_families.jsonl").read_text().splitlines()]
+    jobs = [(workload_from_args(r["args"]), r["step_seconds"]) for r in rows if r.get("step_seconds")]
+    moe = [(w, seconds) for w, seconds in jobs if resolve_model(w.model).experts]
+    assert len(moe) == 3
+    for w, seconds in moe:
+        ratio = step_time(w, H200).seconds / seconds
+        assert 0.75 < ratio < 1.33, (w.model, ratio)

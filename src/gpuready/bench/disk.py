@@ -20,10 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuready.bench.record import Disk
+from gpuready.units import GIB, MIB
 
-BLOCK = 1 << 20
+BLOCK = MIB
 SMALL = 4096
-DEFAULT_SIZE_BYTES = 1 << 30
+DEFAULT_SIZE_BYTES = GIB
 DEFAULT_MAX_SECONDS = 8.0
 RANDOM_SECONDS = 2.0
 

@@ -3,36 +3,17 @@ names, times the GPUs the job ran on (catalog prices are per GPU-hour; catalog/p
 
 from __future__ import annotations
 
-import re
-
 from gpuready.bench.record import Price
-from gpuready.catalog import load_gpus
+from gpuready.catalog import card_for_device
 from gpuready.catalog.prices import Price as CatalogPrice
 from gpuready.catalog.prices import default_prices
 
 
-def _words(text: str) -> list[str]:
-    return [w for w in re.findall(r"[a-z0-9]+", re.sub(r"\(.*?\)", "", text.lower()))]
-
-
 def catalog_name(nvml_name: str, memory_bytes: int | None = None) -> str | None:
-    """The catalog row for the card NVML reports ('NVIDIA H200' -> 'H200 SXM', 'NVIDIA A100-SXM4-80GB' ->
-    'A100 SXM 80GB'): rows whose model number is in the name, the one with most of its words there, then the
-    one closest in memory. None when no row matches."""
-    key = "".join(_words(nvml_name))
-    best: tuple[int, int, float, str] | None = None
-    for gpu in load_gpus():
-        words = _words(gpu.name)
-        model = next((w for w in words if any(c.isdigit() for c in w)), None)
-        if model is None or model not in key:
-            continue
-        hits = sum(1 for w in words if w in key)
-        mem_gap = abs(gpu.usable_bytes - memory_bytes) / gpu.usable_bytes if memory_bytes else 0.0
-        # more of the row's words, then the longer model number ('a10g' over 'a10'), then the nearer memory
-        score = (hits, len(model), -mem_gap, gpu.name)
-        if best is None or score[:3] > best[:3]:
-            best = score
-    return best[3] if best else None
+    """The catalog row for the card NVML reports ('NVIDIA H200' -> 'H200 SXM'; gpuready.catalog.card_for_device,
+    the device's total memory deciding between sizes). None when no row matches."""
+    card = card_for_device(nvml_name, memory_bytes)
+    return card.name if card else None
 
 
 def bench_price(

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from gpuready.catalog.gpus import USABLE_FRACTION_OF_LABEL, Gpu, find_gpu, load_gpus
 from gpuready.errors import InputError
-from gpuready.units import GIB, parse_size
+from gpuready.units import GIB, format_gib, parse_size
 
 _BARE = re.compile(r"^\s*[0-9]+(?:\.[0-9]+)?\s*$")
 _LABEL = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(gb|g)\s*$", re.IGNORECASE)
@@ -54,7 +54,7 @@ def parse_gpu_memory(text: str, flag: str = "--gpu-memory") -> GpuMemory:
         if cards:
             nbytes = int(gb * GIB * USABLE_FRACTION_OF_LABEL)
             names = ", ".join(g.name for g in cards[:3])
-            return GpuMemory(nbytes, f"a {gb:g} GB card ({names}) reports {nbytes / GIB:.2f} GiB")
+            return GpuMemory(nbytes, f"a {gb:g} GB card ({names}) reports {format_gib(nbytes)}")
     if _HAS_UNIT.match(text):
         try:
             nbytes = parse_size(text, flag)
@@ -63,12 +63,12 @@ def parse_gpu_memory(text: str, flag: str = "--gpu-memory") -> GpuMemory:
         else:
             if nbytes <= 0:
                 raise InputError(flag, "must be more than 0")
-            return GpuMemory(nbytes, f"{nbytes / GIB:.2f} GiB")
+            return GpuMemory(nbytes, format_gib(nbytes))
     try:
         card = find_gpu(text)
     except InputError:
         raise InputError(flag, f"{text!r} is neither a size nor a known GPU; {ALLOWED}") from None
-    return GpuMemory(card.usable_bytes, f"{card.name} ({card.usable_bytes / GIB:.2f} GiB)", card)
+    return GpuMemory(card.usable_bytes, f"{card.name} ({format_gib(card.usable_bytes)})", card)
 
 
 def bf16_supported(gpu: Gpu) -> bool | None:

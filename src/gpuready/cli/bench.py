@@ -49,10 +49,6 @@ def _fmt_seconds(value: float | None) -> str:
     return f"{value / 3600:.1f} h"
 
 
-def _fmt_bytes_rate(value: float | None) -> str:
-    return "-" if value is None else f"{value / 1e6:,.0f} MB/s"
-
-
 def _is_model(token: str) -> bool:
     from gpuready.cli.trial import _is_model as is_model
 
@@ -276,11 +272,13 @@ def _render_record(record: Any, output: Path | None) -> None:
             f" of {format_bytes(m.gpu_total_bytes)}",
         )
     if r.disk is not None:
+        from gpuready.units import format_rate
+
         d = r.disk
         disk_text = (
             f"[red]{d.error}[/red]"
             if d.error
-            else f"write {_fmt_bytes_rate(d.write_bytes_per_second)}, read {_fmt_bytes_rate(d.read_bytes_per_second)},"
+            else f"write {format_rate(d.write_bytes_per_second)}, read {format_rate(d.read_bytes_per_second)},"
             f" {d.random_read_iops or 0:,.0f} 4k reads/s" + ("" if d.direct else " (through the page cache)")
         )
         table.add_row(f"disk {d.path}", disk_text)

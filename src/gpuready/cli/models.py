@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from gpuready.cli.common import JsonOpt, print_json
+
+if TYPE_CHECKING:
+    from gpuready.catalog import Gpu
 
 
 def register(app: typer.Typer) -> None:
@@ -72,6 +75,7 @@ def gpus_cmd(wide: WideOpt = False, json_out: JsonOpt = False) -> None:
     from rich.table import Table
 
     from gpuready.catalog.cards import bf16_supported
+    from gpuready.units import format_gib
 
     console = _console(wide)
     table = Table(
@@ -90,10 +94,10 @@ def gpus_cmd(wide: WideOpt = False, json_out: JsonOpt = False) -> None:
         table.add_row(
             g.name,
             f"{g.memory_gb:g} GB",
-            f"{g.usable_bytes / 1024**3:.2f} GiB",
+            format_gib(g.usable_bytes),
             f"{g.mem_bw_gbs:g}" if g.mem_bw_gbs else "?",
             bf16,
-            _cc(g.compute_capability, wide),
+            _cc(g, wide),
             *([g.source_url] if wide else []),
         )
     console.print(table)
@@ -108,10 +112,8 @@ def _console(wide: bool) -> Any:
     return Console(width=400) if wide else Console()
 
 
-def _cc(text: str | None, wide: bool) -> str:
-    """Compute capability as `8.9`; other vendors' notes (AMD's gfx target) only with --wide."""
-    import re
-
-    if text and re.fullmatch(r"[0-9]+\.[0-9]+", text):
-        return text
-    return (text or "?") if wide else "-"
+def _cc(gpu: Gpu, wide: bool) -> str:
+    """Compute capability as `8.9`; other vendors' architecture (AMD's gfx target) only with --wide."""
+    if gpu.compute_capability:
+        return gpu.compute_capability
+    return (gpu.architecture or "?") if wide else "-"

@@ -15,8 +15,7 @@ from gpuready.cli.common import (
     print_json,
     with_workload,
 )
-
-GIB = 1024**3
+from gpuready.units import format_gib
 
 DbOpt = Annotated[
     Path | None,
@@ -49,7 +48,7 @@ def _is_model(token: str) -> bool:
 
 
 def _gib(value: Any) -> str:
-    return f"{value / GIB:.2f} GiB" if isinstance(value, int | float) else "?"
+    return format_gib(value) if isinstance(value, int | float) else "?"
 
 
 @with_workload

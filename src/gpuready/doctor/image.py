@@ -12,6 +12,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from gpuready.catalog import find_architecture, find_gpu
 from gpuready.doctor.advice import VariantOption, install_command, options_for
 from gpuready.doctor.checks import DoctorFacts
 from gpuready.doctor.requirements import read_requirements
@@ -21,7 +22,6 @@ from gpuready.doctor.tables import (
     bundled_driver,
     docker_image_table,
     format_capability,
-    lookup_gpu_capability,
     mvc_min_driver,
     parse_capability,
     torch_release,
@@ -153,18 +153,14 @@ def advise_image(
             caps = [g.compute_capability for g in facts.nvml.gpus if g.compute_capability]
             gpu_name = facts.nvml.gpus[0].name if facts.nvml.gpus else None
     if gpu is not None:
-        row = lookup_gpu_capability(gpu)
+        row = find_architecture(gpu)
+        gpu_name = row.name if row else None
         if row is None:
-            from gpuready.catalog import find_gpu
-
-            cat = find_gpu(gpu)  # raises InputError naming the known GPUs
-            if not cat.compute_capability:
-                raise InputError("--gpu", f"{gpu!r}: compute capability unknown (not an NVIDIA GPU?)")
-            caps = [parse_capability(cat.compute_capability)]
-            gpu_name = cat.name
-        else:
-            caps = [row.compute_capability]
-            gpu_name = row.name
+            card = find_gpu(gpu)  # a looser spelling of a catalog card ('4090'); InputError naming the known GPUs
+            row, gpu_name = find_architecture(card.name), card.name
+        if row is None or row.capability is None:
+            raise InputError("--gpu", f"{gpu!r}: compute capability unknown (not an NVIDIA GPU?)")
+        caps = [row.capability]
         if facts is None and snap is None:
             notes.append("no driver known: pick a machine whose driver is at least the variant's minimum")
     if not caps:

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Protocol
 
-from gpuready.process import end_group, spawn
+from gpuready.process import Running
 
 PROBE_MARKER = "GPUREADY_PROBE "
 DEFAULT_PROBE_TIMEOUT_SECONDS = 60.0
@@ -34,50 +32,28 @@ class CommandResult:
 
 
 class RunningCommand:
-    """A started command; `wait()` collects it within the time left of its timeout."""
+    """A started command; `wait()` collects it within the time left of its timeout (gpuready.process.Running;
+    text read with universal newlines, as a text-mode pipe gives it; SIGKILL to its group at the timeout)."""
 
     def __init__(self, argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = None) -> None:
         self.argv = tuple(argv)
         self.timeout = timeout
-        self.started = time.perf_counter()
-        self._result: CommandResult | None = None
-        self._proc: subprocess.Popen[str] | None = None
-        try:
-            self._proc = spawn(argv, text=True, env=env)
-        except OSError as exc:
-            self._result = CommandResult(self.argv, None, "", "", 0.0, error=f"{type(exc).__name__}: {exc}")
+        self._running = Running(argv, timeout=timeout, env=env, kill_grace=0)
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
+        return self._running.pid
 
     def wait(self) -> CommandResult:
-        if self._result is not None:
-            return self._result
-        assert self._proc is not None
-        left = max(0.0, self.timeout - (time.perf_counter() - self.started))
-        try:
-            out, err = self._proc.communicate(timeout=left)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            end_group(self._proc, grace=0)
-            out, err = self._proc.communicate()
-            timed_out = True
-        self._result = CommandResult(
-            self.argv,
-            None if timed_out else self._proc.returncode,
-            out or "",
-            err or "",
-            time.perf_counter() - self.started,
-            timed_out=timed_out,
+        done = self._running.wait()
+        error = f"{type(done.error).__name__}: {done.error}" if done.error is not None else None
+        return CommandResult(
+            self.argv, done.returncode, done.stdout, done.stderr, done.seconds, timed_out=done.timed_out, error=error
         )
-        return self._result
 
     def cancel(self) -> None:
         """Stop it now (its answer is no longer needed)."""
-        if self._proc is not None and self._proc.poll() is None:
-            end_group(self._proc, grace=0)
-            self._proc.communicate()
+        self._running.cancel()
 
 
 def run_command(argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = None) -> CommandResult:

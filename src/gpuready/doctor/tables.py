@@ -4,7 +4,7 @@
   floor of its major family (NVIDIA release notes, Table 3; CUDA Compatibility guide).
 - torch_wheels.csv: torch release -> the CUDA wheel variants published for it, their GPU architectures and
   whether the variant is what plain `pip install torch` gets from PyPI (RELEASE.md, builder scripts, PRs).
-- gpu_compute_capability.csv: GPU name -> compute capability (developer.nvidia.com/cuda-gpus).
+GPU names -> compute capability is the catalog's (gpuready.catalog.find_architecture, catalog/data/).
 - docker_images.csv: official pytorch/pytorch image tags known to exist.
 """
 
@@ -82,15 +82,6 @@ class WheelRow:
 
 
 @dataclass(frozen=True)
-class GpuCapabilityRow:
-    match: str
-    name: str
-    compute_capability: Capability
-    architecture: str
-    source: str
-
-
-@dataclass(frozen=True)
 class DockerImageRow:
     image: str
     torch: str
@@ -133,31 +124,10 @@ def wheel_table() -> tuple[WheelRow, ...]:
 
 
 @functools.cache
-def gpu_capability_table() -> tuple[GpuCapabilityRow, ...]:
-    return tuple(
-        GpuCapabilityRow(
-            r["match"], r["name"], parse_capability(r["compute_capability"]), r["architecture"], r["source"]
-        )
-        for r in _rows("gpu_compute_capability.csv")
-    )
-
-
-@functools.cache
 def docker_image_table() -> tuple[DockerImageRow, ...]:
     return tuple(
         DockerImageRow(r["image"], r["torch"], r["cuda"], r["cudnn"], r["source"]) for r in _rows("docker_images.csv")
     )
-
-
-def _key(text: str) -> str:
-    return re.sub(r"[^a-z0-9]", "", text.lower())
-
-
-def lookup_gpu_capability(name: str) -> GpuCapabilityRow | None:
-    """Compute capability by GPU name ('NVIDIA H100 80GB HBM3', 'rtx4090', 'Tesla T4'); longest match wins."""
-    key = _key(name)
-    hits = [row for row in gpu_capability_table() if row.match in key]
-    return max(hits, key=lambda row: len(row.match)) if hits else None
 
 
 def mvc_min_driver(cuda_major: int) -> str | None:

@@ -33,8 +33,7 @@ import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-KIB = 1024
-MIB = 1024 * KIB
+from gpuready.units import MIB
 
 MIN_BLOCK_SIZE = 512  # kMinBlockSize: every request is rounded up to a multiple of this
 SMALL_SIZE = 1 * MIB  # kSmallSize: largest request served from the small pool

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from gpuready.memory.program import Program
+from gpuready.units import MIB
 
 # DDP's bucket caps (torch/distributed/constants.py and DistributedDataParallel(bucket_cap_mb=25)): the first
 # bucket closes at 1 MiB, every later one at 25 MiB (reducer.cpp compute_bucket_assignment_by_size)
-DDP_FIRST_BUCKET_BYTES = 1024**2
-DDP_BUCKET_BYTES = 25 * 1024**2
+DDP_FIRST_BUCKET_BYTES = 1 * MIB
+DDP_BUCKET_BYTES = 25 * MIB
 
 
 def ddp_bucket_sizes(grad_bytes: list[int]) -> list[int]:

@@ -139,8 +139,9 @@ def device_overhead_bytes(w: Workload) -> int:
 def trainable_params(spec: ModelSpec, w: Workload) -> int:
     if w.method == "full" or not w.training:
         return spec.params if w.training else 0
-    from gpuready.memory.lm.context import default_lora_targets, dense_lora, layer_linears, lora_targets
+    from gpuready.memory.lm.context import dense_lora, layer_linears, lora_targets
     from gpuready.memory.lm.moe import expert_adapter_params
+    from gpuready.models.lora import default_lora_targets
 
     def adapters(layer: int, targets: frozenset[str]) -> int:
         lins = layer_linears(spec, layer)

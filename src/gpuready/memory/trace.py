@@ -32,11 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from gpuready.errors import GpureadyError, InputError
-from gpuready.memory.allocator import MIB, CachingAllocator, round_size
+from gpuready.memory.allocator import CachingAllocator, round_size
 from gpuready.memory.fit import Fit, judge
 from gpuready.memory.result import MemoryEstimate
 from gpuready.models import find_preset, resolve_model
 from gpuready.search import largest_passing
+from gpuready.units import MIB
 from gpuready.workload import Workload
 
 # cuBLAS workspace per handle on Hopper (sm90): 4096 * 8 KiB = 32 MiB (default CUBLAS_WORKSPACE_CONFIG,
@@ -344,7 +345,7 @@ def _build_on_meta(torch: Any, transformers: Any, cfg: dict[str, Any], w: Worklo
         if w.method == "lora":
             from peft import LoraConfig, get_peft_model
 
-            from gpuready.memory.lm.context import default_lora_targets
+            from gpuready.models.lora import default_lora_targets
 
             targets = list(w.lora_targets or default_lora_targets(resolve_model(w.model)))
             lora = LoraConfig(r=w.lora_r, lora_alpha=32, lora_dropout=0.0, target_modules=targets)

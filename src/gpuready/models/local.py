@@ -14,8 +14,9 @@ from typing import Any
 
 from gpuready.errors import InputError
 from gpuready.models.spec import ModelSpec, spec_from_config
+from gpuready.units import MIB
 
-_MAX_HEADER = 100 * 1024 * 1024  # the format's own limit on the JSON header
+_MAX_HEADER = 100 * MIB  # the format's own limit on the JSON header
 
 
 @dataclass(frozen=True)

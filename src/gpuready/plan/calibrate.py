@@ -12,47 +12,21 @@ may too (same columns). Each point's `values` (the swept variable, e.g. {"batch"
 
 from __future__ import annotations
 
-import re
 import statistics
 from pathlib import Path
 from typing import Any
 
-from gpuready.catalog import Gpu, load_gpus
+from gpuready.catalog import Gpu, card_for_device
 from gpuready.store.db import ResultsDB, default_db_path
 
-# words of NVML names that say nothing about which catalog card it is
-_NOISE = {"nvidia", "tesla", "geforce", "hbm3", "hbm3e", "hbm2", "hbm2e", "gddr6", "gddr6x", "gb"}
 # records that disagree with the model by more than this factor are faults (a throttled or shared GPU, a
 # failed job), not calibration
 _SANE = (1 / 5, 5.0)
 
 
-def _words(text: str) -> list[str]:
-    out = []
-    for word in re.split(r"[^a-z0-9]+", text.lower()):
-        if not word or word in _NOISE:
-            continue
-        out.append(re.sub(r"^(sxm|pcie)\d$", r"\1", word))  # SXM4/SXM5 -> sxm
-    return out
-
-
-def card_for(device_name: str, gpus: tuple[Gpu, ...] | None = None) -> Gpu | None:
-    """The catalog card an NVML device name means: the model number must match; then the card sharing most
-    words with the name (form factor, memory size); ties go to the catalog's order (SXM first)."""
-    words = _words(device_name)
-    if not words:
-        return None
-    best: tuple[int, int] | None = None
-    found = None
-    for i, gpu in enumerate(gpus or load_gpus()):
-        names = _words(gpu.name)
-        if not names or names[0] not in words:
-            continue
-        score = sum(1 for w in words if w in names or any(n.startswith(w) for n in names))
-        key = (score, -i)
-        if best is None or key > best:
-            best, found = key, gpu
-    return found
+def card_for(device_name: str) -> Gpu | None:
+    """The catalog card an NVML device name means (gpuready.catalog.card_for_device)."""
+    return card_for_device(device_name)
 
 
 def _records(db: ResultsDB) -> list[tuple[Gpu, Any, float]]:

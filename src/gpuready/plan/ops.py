@@ -10,6 +10,12 @@ under PyTorch autograd, torchvision's ResNet/ViT, torch.optim's foreach AdamW/SG
   weight trains, the weight gradient (M=out, N=in, K=tokens). LoRA keeps the frozen base's forward and input
   gradient but no weight gradient, and adds the adapter's two skinny GEMMs (rank r) each way.
 - Activation checkpointing (HF gradient_checkpointing: each decoder layer re-runs its forward in backward).
+- Mixture-of-experts layers as transformers 5 runs them by default (`experts_implementation="grouped_mm"`,
+  integrations/moe.py `grouped_mm_experts_forward`): the router's linear and top-k, the tokens sorted by
+  expert and gathered, one grouped GEMM per expert projection over the experts that received tokens, the
+  routing weights, the rows put back in order and summed per token. The FLOPs follow the active parameters
+  (each token through experts_per_token experts); the weights read are those of the experts hit
+  (`expert_spread`: all of them at training sizes, experts_per_token of them in a batch-1 decode step).
 - Attention by the kernel SDPA picks (memory/lm/context.py's `attention_backend`, read-only): flash and memory-efficient
   kernels are fused (causal: half the S² FLOPs; backward 2.5x the forward, FlashAttention-2 paper §3.1:
   five GEMMs against two); the math path and eager attention are batched GEMMs over the full S² plus
@@ -33,6 +39,7 @@ from gpuready.memory.dtypes import dtypes_for
 from gpuready.memory.lm.context import attention_backend, lora_targets
 from gpuready.models.spec import ModelSpec
 from gpuready.models.vision import resnet_convs
+from gpuready.units import MIB
 from gpuready.workload import Workload
 
 Kind = Literal["matmul", "attention", "memory", "comm"]
@@ -75,6 +82,76 @@ def _gemm(
     return Op(
         name, "matmul", 2.0 * m * n * k * count, float(m * k + k * n + m * n) * e * count, launches, m, n, k, math
     )
+
+
+def expert_spread(spec: ModelSpec, tokens: int) -> tuple[float, float]:
+    """How `tokens` tokens spread over one MoE layer's experts: (experts that receive any, rows each of those
+    gets). Each token is routed to experts_per_token = k distinct experts of E; taking the router's choices as
+    uniform and independent across tokens, one token misses an expert with probability 1 - k/E, so
+    E·(1 - (1 - k/E)^tokens) experts are hit (k for a single token, all E for a training batch), and they share
+    tokens·k rows."""
+    experts = spec.experts
+    k = min(spec.experts_per_token, experts)
+    hit = experts * (1.0 - (1.0 - k / experts) ** tokens)
+    return hit, tokens * k / hit
+
+
+def _experts(
+    s: _Steps,
+    spec: ModelSpec,
+    t: int,
+    k_in: int,
+    n_out: int,
+    e: int,
+    math: Math,
+    *,
+    layers: int,
+    fwd: float,
+    dgrad: bool,
+    wgrad: bool,
+    bias: bool = False,
+) -> None:
+    """One expert projection over `layers` MoE layers: a grouped GEMM per layer (one launch) over the experts hit,
+    each with its share of the t·k routed rows. Forward, input gradient and weight gradient move the same bytes
+    (the routed rows in and out, the hit experts' weights) and do the same FLOPs: 2·t·k·in·out per layer."""
+    hit, rows = expert_spread(spec, t)
+    routed = t * min(spec.experts_per_token, spec.experts)
+    flops = 2.0 * routed * k_in * n_out * layers
+    nbytes = float(routed * (k_in + n_out) + hit * k_in * n_out) * e * layers
+    m = max(1, round(rows))
+    s.add(Op("projections", "matmul", flops, nbytes, layers, m, n_out, k_in, math), fwd)
+    if dgrad:
+        s.add(Op("projections", "matmul", flops, nbytes, layers, m, k_in, n_out, math))
+    if wgrad:
+        s.add(Op("projections", "matmul", flops, nbytes, layers, k_in, n_out, m, math))
+    if bias:
+        # the grouped GEMM takes no bias: each routed row's expert bias is gathered and added in place
+        # (integrations/moe.py _grouped_linear `out.add_(bias)`); backward scatters the rows' gradients back
+        rows_bytes = float(routed * n_out * e) * layers
+        s.add(_mem("elementwise", 4 * rows_bytes, 2 * layers), fwd)
+        if dgrad:
+            s.add(_mem("elementwise", 3 * rows_bytes, 2 * layers))
+
+
+# Kernels of one MoE layer's routing outside the GEMMs, counted in transformers' Qwen3MoeTopKRouter.forward (fp32
+# softmax, top-k, renormalise, cast) and integrations/moe.py grouped_mm_experts_forward (sort, index, gather,
+# histc, cumsum, routing-weight multiply, inverse permutation, gather back, sum over k, cast).
+MOE_ROUTING_KERNELS = 18
+
+
+def _moe_routing(
+    s: _Steps, spec: ModelSpec, t: int, e: int, math: Math, *, fwd: float, training: bool, full: bool
+) -> None:
+    """The router's linear (hidden -> experts) and the element-wise traffic of dispatching t tokens to their
+    k experts and combining them: the fp32 router softmax, gathering the t·k routed rows, weighting them,
+    putting them back in order and summing the k rows of each token (backward: about twice)."""
+    layers, h, experts = spec.layers, spec.hidden, spec.experts
+    _linear(s, "moe routing", t, h, experts, e, math, fwd=fwd, dgrad=training, wgrad=full, count=float(layers))
+    routed = t * min(spec.experts_per_token, experts)
+    nbytes = float(t * experts * (e + 8) + 7 * routed * h * e + t * h * e) * layers
+    s.add(_mem("moe routing", nbytes, MOE_ROUTING_KERNELS * layers), fwd)
+    if training:
+        s.add(_mem("moe routing", 2 * nbytes, 2 * MOE_ROUTING_KERNELS * layers))
 
 
 def _mem(name: str, nbytes: float, kernels: float) -> Op:
@@ -183,7 +260,12 @@ def _lm_layer_elementwise(spec: ModelSpec, w: Workload, tokens: int, r: int) -> 
     inter = spec.intermediate
     if spec.experts:
         inter = spec.moe_intermediate * spec.experts_per_token + spec.shared_intermediate
-    if spec.gated_mlp:
+    if spec.model_type == "gpt_oss":
+        # transformers' GptOssExperts._apply_gate: clamp(gate), clamp(up), gate * alpha, sigmoid, gate * sig,
+        # up + 1, product: 13 element passes in 7 kernels
+        act_b = t * inter * 13 * e
+        act_k = 7
+    elif spec.gated_mlp:
         act_b = t * inter * (2 * e + 3 * e)  # act(gate), act * up
         act_k = 2
     else:
@@ -245,12 +327,30 @@ def lm_ops(spec: ModelSpec, w: Workload, *, tokens: int | None = None, training:
     adapted = lora_targets(spec, w) if training else frozenset()
     fwd = 2.0 if (training and w.grad_ckpt) else 1.0
     layers = spec.layers
+    if spec.experts:
+        _moe_routing(s, spec, t, e, math, fwd=fwd, training=training, full=full)
     for lin in spec.block_linears:
         m = t
         count = float(layers)
-        if lin.count > 1:  # MoE experts: tokens spread over the experts
-            m = max(1, t * spec.experts_per_token // lin.count)
-            count = float(layers * lin.count)
+        if lin.count > 1:  # MoE experts
+            _experts(
+                s,
+                spec,
+                t,
+                lin.in_features,
+                lin.out_features,
+                e,
+                math,
+                layers=layers,
+                fwd=fwd,
+                dgrad=training,
+                wgrad=full,
+                bias=lin.bias,
+            )
+            if lin.name in adapted:
+                hit, rows = expert_spread(spec, t)
+                _lora(s, w, max(1, round(rows)), lin.in_features, lin.out_features, e, layers * hit, fwd)
+            continue
         _linear(
             s,
             "projections",
@@ -267,8 +367,10 @@ def lm_ops(spec: ModelSpec, w: Workload, *, tokens: int | None = None, training:
         if lin.name in adapted:
             _lora(s, w, m, lin.in_features, lin.out_features, e, count, fwd)
     # autocast's per-forward cast of fp32 weights to bf16 (read 4, write 2 bytes per weight)
-    if dt.autocast:
-        block = sum(lin.in_features * lin.out_features * lin.count for lin in spec.block_linears) * layers
+    if dt.autocast:  # (an expert no token reached is not multiplied, so not cast)
+        hit = expert_spread(spec, t)[0] if spec.experts else 0.0
+        block = sum(lin.in_features * lin.out_features * (hit if lin.count > 1 else 1) for lin in spec.block_linears)
+        block *= layers
         head = spec.vocab * spec.hidden
         s.add(_mem("elementwise", (block + head) * 6.0, len(spec.block_linears) * layers + 1), fwd)
         if full:  # the bf16 weight gradients are cast to fp32 before accumulating into .grad
@@ -474,7 +576,7 @@ def comm_ops(spec: ModelSpec, w: Workload) -> list[Op]:
             Op("comm", "comm", 0.0, frac * grads * w.grad_accum, spec.layers, collective="reduce_scatter"),
             _mem("comm copies", copies, 4 * spec.layers * (gathers + w.grad_accum)),
         ]
-    buckets = max(1, grads // (25 * 2**20))  # DDP's 25 MiB buckets (bucket_cap_mb)
+    buckets = max(1, grads // (25 * MIB))  # DDP's 25 MiB buckets (bucket_cap_mb)
     # the reducer copies gradients into the buckets and the averaged buckets back (gradient_as_bucket_view=False)
     return [
         Op("comm", "comm", 0.0, 2 * frac * grads, buckets, collective="all_reduce"),
@@ -511,9 +613,26 @@ def lm_decode_ops(spec: ModelSpec, w: Workload, kv_len: int) -> list[Op]:
     math = _matmul_math(w)
     b = w.batch
     s = _Steps([])
+    if spec.experts:
+        _moe_routing(s, spec, b, e, math, fwd=1.0, training=False, full=False)
     for lin in spec.block_linears:
-        m = max(1, b * spec.experts_per_token // lin.count) if lin.count > 1 else b
-        s.add(_gemm("projections", m, lin.out_features, lin.in_features, e, math, float(spec.layers * lin.count)))
+        if lin.count > 1:  # MoE experts: only those the batch's tokens are routed to are read
+            _experts(
+                s,
+                spec,
+                b,
+                lin.in_features,
+                lin.out_features,
+                e,
+                math,
+                layers=spec.layers,
+                fwd=1.0,
+                dgrad=False,
+                wgrad=False,
+                bias=lin.bias,
+            )
+            continue
+        s.add(_gemm("projections", b, lin.out_features, lin.in_features, e, math, float(spec.layers)))
     kv = float(b) * spec.layers * kv_len * spec.kv_bytes_per_token_per_layer_elems * e
     # SDPA over one query token: read the cache; HF's DynamicCache appends with torch.cat (read + write the cache)
     s.add(_mem("attention", kv * 3, 6 * spec.layers))

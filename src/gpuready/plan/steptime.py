@@ -36,6 +36,7 @@ from typing import Any
 from gpuready.catalog import Gpu
 from gpuready.models import ModelSpec, resolve_model
 from gpuready.plan.ops import Op, lm_decode_ops, lm_ops, training_ops, vision_ops
+from gpuready.units import GB
 from gpuready.workload import Workload
 
 
@@ -156,10 +157,10 @@ def _gemm_eff(eff: Efficiency, op: Op) -> float:
 
 def op_seconds(op: Op, gpu: Gpu, eff: Efficiency, precision: str, notes: set[str] | None = None) -> float:
     """Seconds of one op on one card (comm ops: the transfer alone; overlap is decided by `step_time`)."""
-    bw = (gpu.mem_bw_gbs or 0.0) * 1e9 * eff.bw_eff
+    bw = (gpu.mem_bw_gbs or 0.0) * GB * eff.bw_eff
     host = op.kernels * eff.launch_s
     if op.kind == "comm":
-        link = (gpu.link_gbs or 0.0) * 1e9 / 2 * link_eff().get(op.collective, 1.0)
+        link = (gpu.link_gbs or 0.0) * GB / 2 * link_eff().get(op.collective, 1.0)
         return op.bytes / link if link > 0 else math.inf
     mem = op.bytes / bw if bw > 0 else math.inf
     if op.kind == "memory":

@@ -7,6 +7,7 @@ import html
 
 from gpuready.bench.compare import Comparison, Row
 from gpuready.report.svg import Bar, Series, bar_chart, line_chart
+from gpuready.units import MB, format_gib, format_rate
 
 CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;color:#1f2937;margin:0;background:#f8fafc}
@@ -59,7 +60,7 @@ def _money(v: float | None, digits: int = 4) -> str:
 def _disk(r: Row) -> str:
     if r.disk_write_bytes_per_second is None:
         return "-"
-    return f"{r.disk_write_bytes_per_second / 1e6:,.0f} / {(r.disk_read_bytes_per_second or 0) / 1e6:,.0f} MB/s"
+    return f"{r.disk_write_bytes_per_second / MB:,.0f} / {format_rate(r.disk_read_bytes_per_second or 0)}"
 
 
 def _cell_class(name: str, text: str, bad: bool, r: Row, best: str | None) -> str:
@@ -107,7 +108,7 @@ def _table(c: Comparison) -> str:
         ("disk write / read", [(_disk(r), False) for r in rows]),
         (
             "peak device memory",
-            [("-" if r.peak_device_bytes is None else f"{r.peak_device_bytes / 2**30:.2f} GiB", False) for r in rows],
+            [("-" if r.peak_device_bytes is None else format_gib(r.peak_device_bytes), False) for r in rows],
         ),
     ]
     body = []

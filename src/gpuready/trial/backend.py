@@ -66,7 +66,7 @@ def probe_spec(workload: Workload) -> dict[str, Any]:
     config.setdefault("model_type", spec.model_type)
     # LoRA targets: docs/cli.md's default is every linear layer of the blocks, named as peft matches them
     # (for llama/qwen/mistral/gemma this is q,k,v,o,gate,up,down_proj as in calibration/README.md)
-    from gpuready.memory.lm.context import default_lora_targets
+    from gpuready.models.lora import default_lora_targets
 
     lora_targets = default_lora_targets(spec)
     return {

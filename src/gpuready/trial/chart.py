@@ -11,8 +11,8 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 from gpuready.trial.result import TrialResult
+from gpuready.units import GIB
 
-GIB = 1024**3
 Predictor = Callable[[int], float | None]
 
 

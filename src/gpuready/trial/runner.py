@@ -7,20 +7,14 @@ child's output streamed line by line to a callback while the last lines are kept
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import os
-import subprocess
 import sys
-import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpuready.process import end_group, spawn
+from gpuready.process import Running
 
 TAIL_LINES = 200
-KILL_GRACE_SECONDS = 5.0
 
 
 class Interrupted(Exception):
@@ -52,47 +46,25 @@ def run(
     """
     args = [str(a) for a in argv]
     full_env = dict(os.environ if env is None else env)
-    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-    started = time.perf_counter()
-    try:
-        proc = spawn(args, merge_stderr=True, env=full_env, cwd=cwd)
-    except OSError as exc:
-        return ProcessResult(args, 127, 0.0, output_tail=[f"cannot start {args[0]!r}: {exc}"])
-    if on_start is not None:
-        on_start(proc.pid)
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for raw in iter(proc.stdout.readline, b""):
-            line = raw.decode("utf-8", errors="replace").rstrip("\n")
-            tail.append(line)
-            if on_line is not None:
-                with contextlib.suppress(Exception):
-                    on_line(line)
-
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
-    timed_out = False
-    try:
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            end_group(proc)
-    except KeyboardInterrupt:
-        end_group(proc)
-        reader.join(timeout=2)
-        raise Interrupted() from None
-    reader.join(timeout=5)
-    if proc.returncode is not None and not timed_out:
-        end_group(proc, grace=0)  # the leader exited; grandchildren left in its group would hold the GPU
-    return ProcessResult(
+    running = Running(
         args,
-        None if timed_out else proc.returncode,
-        time.perf_counter() - started,
-        timed_out=timed_out,
-        output_tail=list(tail),
-        pid=proc.pid,
+        timeout=timeout,
+        merge_stderr=True,
+        env=full_env,
+        cwd=cwd,
+        on_line=on_line,
+        on_start=on_start,
+        keep_lines=TAIL_LINES,
+        universal_newlines=False,  # a progress bar's '\r' redraws stay one line of the tail
+    )
+    try:
+        done = running.wait()
+    except KeyboardInterrupt:  # the child's group has been ended
+        raise Interrupted() from None
+    if done.error is not None:
+        return ProcessResult(args, 127, 0.0, output_tail=[f"cannot start {args[0]!r}: {done.error}"])
+    return ProcessResult(
+        args, done.returncode, done.seconds, timed_out=done.timed_out, output_tail=done.stdout_lines, pid=done.pid
     )
 
 

@@ -11,8 +11,6 @@ from dataclasses import dataclass, field
 
 from gpuready.trial.result import Point
 
-GIB = 1024**3
-
 
 @dataclass
 class SimulatedDevice:

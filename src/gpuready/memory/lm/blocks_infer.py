@@ -20,6 +20,8 @@ def block_nograd(
     layer: int,
     cache_kv: bool,
     keep_input: bool = False,
+    casts: list[int] | None = None,
+    cache_casts: bool = True,
     decode: bool = False,
     context: int = 0,
 ) -> tuple[int, list[int]]:
@@ -27,9 +29,37 @@ def block_nograd(
     tensors are freed as soon as Python drops them. Returns the new residual handle and, with cache_kv,
     the layer's K and V (kept as the KV cache; otherwise they are freed). `decode`: one of generate()'s decode
     steps (MoE experts run batched_mm there); `context`: the tokens attention reads (the cache's length while
-    decoding; MLA expands all of them again)."""
+    decoding; MLA expands all of them again).
+
+    `casts` (a list): the layer runs under torch.autocast(bfloat16) with fp32 weights and an fp32 residual stream,
+    as the recorded history of llama-3.2-1b mixed + checkpointing (ft_llama1b_mixed_ckpt_s4096) shows its
+    checkpointed forward: each linear's bf16 weight copy is made at its first use and cached (its handle is
+    appended to `casts`, kept until the autocast region ends); a linear that reads the fp32 norm output casts it
+    to bf16 first (a temporary per projection); RoPE multiplies the bf16 q and k by fp32 cos and sin, so the
+    rotated q and k are fp32; SDPA casts them back to bf16 for the kernel. Autocast caches only the casts of leaf
+    weights that require grad (aten/src/ATen/autocast_mode.cpp, cached_cast's can_try_cache): with frozen weights
+    (`cache_casts` False: LoRA) each copy goes once its matmul has run."""
     spec, dt, T = ctx.spec, ctx.dt, ctx.tokens
     h, e, r = spec.hidden, dt.act, dt.resid
+    autocast = casts is not None
+    weights = {
+        lin.name.split(".")[-1]: lin.in_features * lin.out_features * lin.count * 2 for lin in spec.block_linears
+    }
+
+    def project(name: str, nbytes: int, cast_input: bool) -> int:
+        """A projection's output; under autocast its weight's bf16 copy (cached) and its input's bf16 cast."""
+        if casts is None:
+            return prog.alloc("activations", nbytes)
+        copy = prog.alloc("autocast_weight_copies", weights.get(name, 0))
+        cast = prog.alloc("activations", T * h * 2) if cast_input else 0
+        out = prog.alloc("activations", nbytes)
+        prog.free(cast)
+        if cache_casts:
+            casts.append(copy)
+        else:
+            prog.free(copy)
+        return out
+
     q_w = spec.heads * (spec.qk_nope_dim + spec.qk_rope_dim) if spec.mla else spec.heads * spec.head_dim
     k_w = q_w if spec.mla else spec.kv_heads * spec.head_dim
     v_w = spec.heads * spec.v_head_dim if spec.mla else k_w
@@ -39,15 +69,28 @@ def block_nograd(
     def norm() -> int:
         return rms_norm_nograd(prog, T, h, r, gemma=spec.model_type == "gemma3_text")
 
+    def head_norm(src: int, width: int) -> int:
+        """Qwen3's q_norm / k_norm: RMSNorm over each head of a projection's output, which then goes (the recorded
+        history of qwen3-4b generation at batch 64 x 1024, gen_qwen3_4b_b64: the fp32 copy of q, its square and
+        normalised product are q-sized fp32 tensors, 1 GiB each there)."""
+        if not spec.qk_norm:
+            return src
+        out = rms_norm_nograd(
+            prog, T * width // spec.head_dim, spec.head_dim, e, gemma=spec.model_type == "gemma3_text"
+        )
+        prog.free(src)
+        return out
+
     def rope(width: int) -> int:
-        # q*cos + rotate_half(q)*sin: the product, -x2, cat, its product with sin, the sum
-        a = prog.alloc("activations", T * width * e)
+        # q*cos + rotate_half(q)*sin: the product, -x2, cat, its product with sin, the sum (fp32 under autocast)
+        f = 4 if autocast else e
+        a = prog.alloc("activations", T * width * f)
         neg = prog.alloc("activations", T * width * e // 2)
         cat = prog.alloc("activations", T * width * e)
         prog.free(neg)
-        b = prog.alloc("activations", T * width * e)
+        b = prog.alloc("activations", T * width * f)
         prog.free(cat)
-        out = prog.alloc("activations", T * width * e)
+        out = prog.alloc("activations", T * width * f)
         prog.free(a)
         prog.free(b)
         if spec.model_type == "phi3":
@@ -72,9 +115,9 @@ def block_nograd(
         q = k = v = 0
     else:
         qkv = 0
-        q = prog.alloc("activations", T * q_w * e)
-        k = prog.alloc("activations", T * k_w * e)
-        v = prog.alloc("activations", T * v_w * e)
+        q = head_norm(project("q_proj", T * q_w * e, True), q_w)
+        k = head_norm(project("k_proj", T * k_w * e, True), k_w)
+        v = project("v_proj", T * v_w * e, True)
     q2 = rope(q_w)
     k2 = rope(k_w)
     prog.free(q)
@@ -106,16 +149,27 @@ def block_nograd(
             math_tmps.append(prog.alloc("activations", scores * e))
             prog.transient("activations", scores)
             prog.free(att)
+        if autocast:  # SDPA under autocast: the fp32 rotated k and q cast to bf16 for the kernel
+            math_tmps += [prog.alloc("activations", T * k_w * e), prog.alloc("activations", T * q_w * e)]
         attn = prog.alloc("activations", T * out_w * e)
-        prog.free_all(math_tmps)
-        if not cache_kv:
+        if autocast and not cache_kv:
+            prog.transient("activations", T * spec.heads * 4)  # the kernel's log-sum-exp, before the casts go
+        prog.free_all(math_tmps[::-1] if autocast else math_tmps)
+        if not cache_kv and not autocast:
             # the kernel's log-sum-exp; in inference the H200's kernel writes none (gen_llama1b_fp16: the attention
             # output and three tiny philox/stat tensors only)
             prog.transient("activations", T * spec.heads * 4)
-    if not cache_kv:
+    if not cache_kv and not autocast:
         prog.free(k2)
         prog.free(v)
-    o = prog.alloc("activations", T * h * e)
+    o = project("o_proj", T * h * e, False)
+    if autocast and not cache_kv:  # the attention's inputs go once o_proj has run (the recorded order)
+        prog.free(attn)
+        attn = 0
+        prog.free(q2)
+        q2 = 0
+        prog.free(k2)
+        prog.free(v)
     prog.free(attn)
     prog.free(probs)
     prog.free(qkv)  # a fused projection's output is a local of the attention module: it goes when that returns
@@ -141,17 +195,17 @@ def block_nograd(
         prog.free(prod)
         prog.free(fused)
     else:
-        gate = prog.alloc("activations", Tm * width * e)
+        gate = project("gate_proj", Tm * width * e, True)
         act = prog.alloc("activations", Tm * width * e)
         prog.free(gate)
         if spec.gated_mlp:
-            up = prog.alloc("activations", Tm * width * e)
+            up = project("up_proj", Tm * width * e, True)
             prod = prog.alloc("activations", Tm * width * e)
             prog.free(act)
             prog.free(up)
         else:  # gpt_neox: fc, GELU
             prod = act
-        down = prog.alloc("activations", T * h * e)
+        down = project("down_proj", T * h * e, False)
         prog.free(prod)
     prog.free(normed)
     x3 = prog.alloc("activations", T * h * r)

@@ -18,10 +18,10 @@ from gpuready.memory.lm.moe import (
     converts_expert_targets,
     expert_lora,
 )
+from gpuready.models.lora import default_lora_targets
 from gpuready.models.spec import Linear, ModelSpec
 from gpuready.workload import Workload
 
-# ---------------------------------------------------------------------------------------------- one block
 # families whose norms follow Gemma-2's recorded program (the fp32 y kept for (1 + weight) * y). Gemma3RMSNorm is
 # the same code, but with it the program put Gemma-3 +3.7% (allocated) over the H200 and the traced mode, without
 # it -0.3% (docs/accuracy.md): another part of the generic layer over-counts Gemma-3 by about as much (not found)
@@ -40,13 +40,6 @@ class Ctx:
     mask: bool  # an explicit attention mask is built (sliding window shorter than the sequence)
     shards: int = 1  # FSDP: parameters, gradients and optimizer states are split over this many GPUs
     expert_lora: ExpertLora = NO_EXPERT_LORA  # peft's adapters on the fused experts (lm/moe.py)
-
-
-def default_lora_targets(spec: ModelSpec) -> list[str]:
-    """docs/cli.md's default for --lora-targets: every linear layer of the blocks, named as peft matches them (by
-    the module name's last part): q,k,v,o,gate,up,down_proj for llama/qwen/mistral/gemma; the fused qkv_proj and
-    gate_up_proj for phi-3; c_attn, c_proj, c_fc for gpt2. The trial and the traced mode use the same list."""
-    return list(dict.fromkeys(lin.name.split(".")[-1] for lin in spec.block_linears))
 
 
 def lora_targets(spec: ModelSpec, w: Workload) -> frozenset[str]:

@@ -8,7 +8,6 @@ from gpuready.memory.lm.context import Ctx
 from gpuready.memory.program import Program
 
 
-# ---------------------------------------------------------------------------------------------- the job
 def final_norm_forward(prog: Program, ctx: Ctx, x: int) -> tuple[list[int], int]:
     """The model's last RMSNorm under autograd, in the recorded order (ft_qwen3_06b_b8): x.to(fp32) (kept),
     pow (a temporary), mean, + eps, rsqrt (kept), x * rsqrt (freed once cast), .to(dtype) (kept by the weight's

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from gpuready.memory.lm.context import Ctx, softmax_upcast_copy
 from gpuready.memory.program import Program
+from gpuready.models.spec import ModelSpec
 
 # PyTorch takes cuBLAS workspaces from the caching allocator, one per (handle, stream), kept for the process;
 # 32 MiB each on Hopper (CUBLAS_WORKSPACE_CONFIG default :4096:8, aten/src/ATen/cuda/CublasHandlePool.cpp)
@@ -114,3 +115,38 @@ def eager_nograd(prog: Program, ctx: Ctx, q_w: int, k_w: int, v_w: int, out_w: i
     prog.free(kq)
     prog.free(vq)
     return out, probs
+
+
+# SMs of the measured card (H200/H100 SXM: 132); the reduction kernel sizes its global buffer by it (below)
+REDUCE_SMS = 132
+
+
+def reduce_buffer_bytes(outputs: int, rows: int, sms: int = REDUCE_SMS) -> int:
+    """The global staging buffer of a CUDA sum over `rows` into `outputs` contiguous sums (a bias's or a norm
+    weight's gradient): ATen's Reduce.cuh splits the rows over ctas_per_output blocks and keeps one fp32 partial per
+    (block, output lane): 4 bytes x outputs x 128 (block width x output vector) x ctas_per_output, with
+    ctas_per_output = max(min(ceil(target grid / grid), ceil(values per thread / 16)), ceil(values per thread /
+    256)), target grid = SMs x 4 blocks of 512 threads, grid = outputs / 512, values per thread = rows / 4. The
+    recorded H200 histories show it after every such gradient: 128 MiB for 2048 outputs over 8192 rows and 132 MiB
+    for 6144 or 8192 outputs (ft_pythia1b_b8), 64 MiB for 1024 outputs (ft_pythia410m_b8), 132 MiB for 2048 outputs
+    over 32768 rows (ft_llama1b_mixed_ckpt_s4096). Zero when no global reduction is made."""
+    per_thread = -(-rows // 4)
+    if outputs % 512 or per_thread < 256:
+        return 0
+    grid = outputs // 512
+    target = sms * 4
+    if grid > target:
+        return 0
+    ctas = max(min(-(-target // grid), -(-per_thread // 16)), -(-per_thread // 256))
+    return 4 * outputs * 128 * ctas if ctas > 1 else 0
+
+
+def flash_backward_workspace_bytes(spec: ModelSpec, tokens: int) -> int:
+    """Flash attention's backward scratch, made and freed inside the kernel call: the fp32 dq accumulator and the
+    softmax row sums (tokens x heads x (head_dim + 1) x 4), and with grouped-query heads the bf16 dk and dv expanded
+    to every head before they are summed back (tokens x heads x head_dim x 2, twice). The recorded H200 histories:
+    64.25 MiB for pythia-1b at 8 x 1024 (8 heads of 256, ft_pythia1b_b8), 516 MiB for llama-3.2-1b at 8 x 4096
+    (32 heads of 64 over 8 K/V heads, ft_llama1b_mixed_ckpt_s4096)."""
+    a, d = spec.heads, spec.head_dim
+    gqa = 2 * tokens * a * d * 2 if spec.kv_heads < a else 0
+    return tokens * a * (d + 1) * 4 + gqa

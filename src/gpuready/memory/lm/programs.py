@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from gpuready.memory.ddp import DdpBuckets
+from gpuready.memory.lm.autocast_ckpt import mixed_ckpt_layer_backward, mixed_ckpt_recorded
 from gpuready.memory.lm.autograd import Saved, block_backward
 from gpuready.memory.lm.blocks_infer import block_nograd
 from gpuready.memory.lm.blocks_recorded import recorded_layer_order
@@ -12,7 +13,14 @@ from gpuready.memory.lm.blocks_train import block_forward
 from gpuready.memory.lm.context import make_ctx
 from gpuready.memory.lm.fsdp import Fsdp
 from gpuready.memory.lm.loss import Sampler, final_norm_forward, logits_and_loss_backward, logits_and_loss_forward
-from gpuready.memory.lm.ops import CUBLAS_WORKSPACE_BYTES, eager_mask, rms_norm_nograd, rotary_tables
+from gpuready.memory.lm.neox import NeoxKept, neox_recorded, neox_train_backward, neox_train_forward
+from gpuready.memory.lm.ops import (
+    CUBLAS_WORKSPACE_BYTES,
+    eager_mask,
+    reduce_buffer_bytes,
+    rms_norm_nograd,
+    rotary_tables,
+)
 from gpuready.memory.lm.weights import load_weights
 from gpuready.memory.optimizer import optimizer_step
 from gpuready.memory.program import Program
@@ -59,49 +67,101 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
         for micro in range(min(w.grad_accum, 2)):
             accumulate = micro > 0
             prog.set_phase("forward")
-            # autocast caches a bf16 copy of each weight for the duration of the autocast region. Under
-            # checkpointing the layers' copies are not cached (each layer casts again in its forward and its
-            # recompute) and only lm_head's stays: the recorded history of llama-3.2-1b mixed with checkpointing
-            # holds one vocab x hidden bf16 copy at the peak, not the layers' (docs/calibration/histories)
-            layer_casts = cast_bytes if ctx.dt.autocast and w.grad_ckpt else 0
-            if ctx.dt.autocast:
-                kept_casts = spec.vocab * h * 2 if w.grad_ckpt else cast_bytes
-                casts = prog.alloc("autocast_weight_copies", kept_casts)
-            else:
-                casts = 0
+            # autocast caches a bf16 copy of each weight for the duration of the autocast region (forward and
+            # loss). Under checkpointing, as the recorded history of llama-3.2-1b mixed + checkpointing at 8 x 4096
+            # (ft_llama1b_mixed_ckpt_s4096) shows: each layer's copies are made in its checkpointed forward and
+            # stay cached until the region ends after the loss; lm_head's copy is made when lm_head runs, after the
+            # layers, and is kept by its matmul until lm_head's backward; the recompute casts again, per layer
+            ckpt_casts = ctx.dt.autocast and w.grad_ckpt
+            recorded_mixed = mixed_ckpt_recorded(ctx)
+            neox = neox_recorded(ctx)
+            layer_casts = cast_bytes if ckpt_casts else 0
+            casts = prog.alloc("autocast_weight_copies", cast_bytes) if ctx.dt.autocast and not ckpt_casts else 0
+            forward_copies: list[int] = []
             if fsdp:
                 fsdp.gather(root)
             x = prog.alloc("activations", T * h * r)  # embedding output, the residual stream
             per_layer: list[list[Saved]] = []
             ckpt_inputs: list[int] = []
+            neox_kept: list[NeoxKept] = []
             for layer in range(spec.layers):
                 if fsdp:
                     fsdp.gather(layer)
-                if w.grad_ckpt:
+                if neox:
+                    x, kept_layer = neox_train_forward(prog, ctx, x)
+                    neox_kept.append(kept_layer)
+                elif w.grad_ckpt:
                     # non-reentrant checkpointing keeps each layer's input and recomputes the rest in backward
                     ckpt_inputs.append(x)
-                    copies = prog.alloc("autocast_weight_copies", layer_casts // spec.layers) if layer_casts else 0
-                    x, _ = block_nograd(prog, ctx, x, layer, cache_kv=False, keep_input=True)
-                    prog.free(copies)
+                    x, _ = block_nograd(
+                        prog,
+                        ctx,
+                        x,
+                        layer,
+                        cache_kv=False,
+                        keep_input=True,
+                        casts=forward_copies if ckpt_casts else None,
+                        cache_casts=ctx.full,
+                    )
                     per_layer.append([])
                 else:
                     per_layer.append(block_forward(prog, ctx, layer, keep=True))
                 if fsdp:
                     fsdp.reshard(layer)
-            if recorded_layer_order(ctx, spec.layers - 1) and spec.model_type != "gemma2":
+            head_cast = norm_out = 0
+            if ckpt_casts:
+                # the final norm on the fp32 residual (ft_llama1b_mixed_ckpt_s4096): pow (a temporary), x * rsqrt
+                # (kept for the weight's gradient), weight * y (the output); lm_head's weight copy, the output cast
+                # to bf16 (kept by lm_head)
+                prog.free(prog.alloc("activations", T * h * 4))
+                final = [prog.alloc("activations", T * h * 4)]
+                norm_out = prog.alloc("activations", T * h * 4)
+                head_cast = prog.alloc("autocast_weight_copies", spec.vocab * h * 2)
+                final.append(prog.alloc("activations", T * h * e))
+            elif neox:
+                final = [prog.alloc("activations", T * h * r)]  # final_layer_norm's output (it keeps its input, x)
+            elif recorded_layer_order(ctx, spec.layers - 1) and spec.model_type != "gemma2":
                 final, x = final_norm_forward(prog, ctx, x)
             else:
                 final = [prog.alloc("activations", T * h * 4)]  # final norm keeps its fp32 input
                 if ctx.full:
                     final.append(prog.alloc("activations", T * h * e))  # lm_head keeps its input
             kept = logits_and_loss_forward(prog, ctx)
+            if ckpt_casts:
+                # the region ends: the final norm's output and the layers' cached weight copies go
+                prog.free(norm_out)
+                prog.free_all(forward_copies)
             prog.set_phase("backward")
             g = logits_and_loss_backward(prog, ctx, kept)
             if step == 1 and micro == 0 and ddp:
                 ddp.release_first()
             root_grads: list[int] = []
             lm_head_grad = 0
-            if ctx.full:
+            if ckpt_casts and ctx.full and not fsdp:
+                # lm_head's backward on the bf16 copies (ft_llama1b_mixed_ckpt_s4096): the bf16 weight gradient, the
+                # input's bf16 gradient; the logits' gradient, the weight copy and lm_head's saved input go; then
+                # autocast's casts backward: the input's gradient to fp32, the weight's gradient to fp32 (.grad)
+                lm16 = prog.alloc("gradients", spec.vocab * h * 2)
+                if backward_workspace:
+                    prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
+                    backward_workspace = False
+                dx16 = prog.alloc("activations", T * h * e)
+                prog.free(g)
+                prog.free(head_cast)
+                head_cast = 0
+                prog.free(final.pop())
+                g = prog.alloc("activations", T * h * 4)
+                prog.free(dx16)
+                lm_head = prog.alloc("gradients", spec.vocab * h * ctx.dt.param)
+                prog.free(lm16)
+                if accumulate:
+                    prog.free(lm_head)
+                else:
+                    grads.append(lm_head)
+                    lm_head_grad = lm_head
+                dx = g
+                g = 0
+            elif ctx.full:
                 lm_head = prog.alloc("gradients", spec.vocab * h * ctx.dt.param)
                 if backward_workspace:
                     prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
@@ -116,18 +176,50 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
             if fsdp:
                 fsdp.finish()  # the last layer's all-gather buffer
                 fsdp.prefetch(spec.layers - 1)
-            dx = prog.alloc("activations", T * h * e)
-            if backward_workspace:
-                prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
-                backward_workspace = False
-            prog.free(g)
+            if g:
+                dx = prog.alloc("activations", T * h * e)
+                if backward_workspace:
+                    prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
+                    backward_workspace = False
+                prog.free(g)
+            prog.free(head_cast)  # checkpointing under autocast without full fine-tuning (no lm_head gradient)
+            if recorded_mixed:
+                # the final norm's backward (ft_llama1b_mixed_ckpt_s4096): its weight's gradient and reduction, then
+                # the input's gradient: the residual stream's gradient buffer, which the layers' backward add into
+                t1, t2 = prog.alloc("activations", T * h * 4), prog.alloc("activations", T * h * 4)
+                prog.transient("activations", reduce_buffer_bytes(h, T))
+                prog.free(t2)
+                prog.free(dx)
+                prog.free(final.pop(0))
+                t3 = prog.alloc("activations", T * h * 4)
+                dx = prog.alloc("activations", T * h * 4)
+                prog.free(t3)
+                prog.free(t1)
+                ts = [prog.alloc("activations", T * h * 4) for _ in range(4)]
+                prog.free_all(ts[2::-1])
+                prog.free(x)
+                prog.free(ts[3])
+                x = 0
+            if neox:
+                # final_layer_norm's backward (ft_pythia1b_b8): its output goes, its input's gradient is made, lm_head's
+                # input gradient goes, then the last layer's output
+                prog.free(final.pop())
+                g_in = prog.alloc("activations", T * h * e)
+                prog.free(dx)
+                prog.free(x)
+                dx, x = g_in, 0
+                for layer in reversed(range(spec.layers)):
+                    dx = neox_train_backward(prog, ctx, neox_kept[layer], dx, grads, accumulate)
             prog.free_all(final)
             prog.free(x)
-            for layer in reversed(range(spec.layers)):
+            for layer in reversed(range(spec.layers) if not neox else ()):
                 if fsdp:
                     fsdp.copy_out(layer)
                     if layer > 0:
                         fsdp.prefetch(layer - 1)
+                if recorded_mixed:
+                    mixed_ckpt_layer_backward(prog, ctx, ckpt_inputs[layer], grads, accumulate)
+                    continue
                 saved = per_layer[layer]
                 copies = 0
                 if w.grad_ckpt:
@@ -149,8 +241,20 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 prog.free(copies)
                 if w.grad_ckpt:
                     prog.free(ckpt_inputs[layer])
-            prog.free(dx)
-            if ctx.full:
+            if recorded_mixed:
+                # the embedding's gradient is added in place into the tied weight's fp32 .grad (lm_head's), after
+                # the residual gradient goes (ft_llama1b_mixed_ckpt_s4096)
+                emb = prog.alloc("gradients", spec.vocab * h * ctx.dt.param)
+                prog.free(dx)
+                if spec.tied or accumulate:
+                    prog.free(emb)
+                else:
+                    grads.append(emb)
+            else:
+                prog.free(dx)
+            if recorded_mixed:
+                pass
+            elif ctx.full:
                 # embedding_dense_backward builds a full vocab x hidden gradient. With tied embeddings the shared
                 # weight's .grad becomes lm_head's gradient plus this one, a third tensor, and both go (every tied
                 # model's recorded history: ft_qwen15_bf16, ft_qwen3_4b, ft_gemma2b_bf16)

@@ -15,7 +15,6 @@ from gpuready.models.spec import Linear
 NF4_BYTES_PER_PARAM = 0.5 + 0.127 / 8
 
 
-# ---------------------------------------------------------------------------------------------- weights
 def _linear_weight_bytes(ctx: Ctx, lin: Linear) -> int:
     n = lin.in_features * lin.out_features * lin.count
     if ctx.w.method == "qlora":

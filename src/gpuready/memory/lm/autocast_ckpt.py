@@ -1,0 +1,235 @@
+"""Full fine-tuning under autocast (fp32 weights and residual stream, bf16 matmuls) with activation checkpointing:
+the recompute and backward of one layer, in the order the recorded H200 history of llama-3.2-1b at 8 x 4096
+shows it (docs/calibration/histories/ft_llama1b_mixed_ckpt_s4096.json.gz; with the generic backward the second
+step's logits needed one 15.66 GiB segment more than the GPU took, +21.2%).
+"""
+
+from __future__ import annotations
+
+from gpuready.memory.lm.context import Ctx
+from gpuready.memory.lm.ops import flash_backward_workspace_bytes, reduce_buffer_bytes
+from gpuready.memory.program import Program
+
+
+def mixed_ckpt_recorded(ctx: Ctx) -> bool:
+    """Whether full fine-tuning under autocast with checkpointing can follow the recorded per-layer backward
+    (mixed_ckpt_layer_backward): a plain Llama-style layer (RMSNorm, separate q/k/v/o without biases, gated MLP,
+    flash attention) on one GPU."""
+    spec, lins = ctx.spec, {lin.name: lin for lin in ctx.spec.block_linears}
+    names = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    return (
+        ctx.dt.autocast
+        and ctx.w.grad_ckpt
+        and ctx.full
+        and ctx.shards == 1
+        and ctx.backend == "flash"
+        and spec.norm == "rms"
+        and spec.norms_per_layer == 2
+        and spec.gated_mlp
+        and not (spec.mla or spec.experts or spec.shared_intermediate or spec.qk_norm or spec.learned_positions)
+        and set(lins) == names
+        and not any(lin.bias or lin.count != 1 for lin in lins.values())
+        and spec.model_type in ("llama", "mistral", "qwen2", "qwen3")
+    )
+
+
+def mixed_ckpt_layer_backward(prog: Program, ctx: Ctx, x_in: int, grads: list[int], accumulate: bool) -> None:
+    """One checkpointed layer's recompute and backward under autocast (fp32 weights and residual stream, bf16
+    matmuls), in the order the recorded history of llama-3.2-1b mixed + checkpointing at 8 x 4096
+    (ft_llama1b_mixed_ckpt_s4096) shows: the bf16 cast of the incoming gradient (made before the recompute starts);
+    the recompute up to down_proj's input (non-reentrant checkpointing stops once every saved tensor is back), each
+    linear's bf16 weight copy cached until its backward; then per linear the bf16 weight gradient, the input's bf16
+    gradient, the copies going, the input gradient cast to fp32 and the weight's fp32 gradient (.grad); the norms'
+    backward with the reduction buffer of their weight's gradient; flash attention's backward workspace
+    (batch x tokens x heads x (2 x head_dim + 1) fp32). The residual stream's gradient is one fp32 buffer that
+    autograd accumulates in place (the caller's). `x_in`, the layer's checkpointed input, goes at the end."""
+    spec, T = ctx.spec, ctx.tokens
+    h, a, d = spec.hidden, spec.heads, spec.head_dim
+    q_w, kv_w, inter = a * d, spec.kv_heads * d, spec.intermediate
+    alloc, free = prog.alloc, prog.free
+
+    def act(nbytes: int) -> int:
+        return alloc("activations", nbytes)
+
+    def wcast(n_in: int, n_out: int) -> int:
+        return alloc("autocast_weight_copies", n_in * n_out * 2)
+
+    def weight_grad(n_in: int, n_out: int) -> None:
+        g = alloc("gradients", n_in * n_out * 4)
+        if accumulate:
+            free(g)
+        else:
+            grads.append(g)
+
+    h32, h16 = T * h * 4, T * h * 2
+    dy16 = act(h16)  # the incoming gradient cast to bf16 (down_proj's output is bf16)
+    # --- recompute: input norm, q/k/v, RoPE in fp32, attention, o_proj, residual, post-attention norm, MLP
+    free(act(h32))  # pow
+    n1_y = act(h32)  # x * rsqrt, kept for the weight's gradient
+    n1_out = act(h32)
+    wq, q_in, q = wcast(h, q_w), act(h16), act(T * q_w * 2)
+    wk, k_in, k = wcast(h, kv_w), act(h16), act(T * kv_w * 2)
+    wv, v_in, v = wcast(h, kv_w), act(h16), act(T * kv_w * 2)
+
+    def rope(width: int) -> int:
+        a_ = act(T * width * 4)
+        n_ = act(T * width)
+        c_ = act(T * width * 2)
+        free(n_)
+        b_ = act(T * width * 4)
+        free(c_)
+        out = act(T * width * 4)
+        free(a_)
+        free(b_)
+        return out
+
+    q_rot = rope(q_w)
+    k_rot = rope(kv_w)
+    free(q)
+    free(k)
+    k16, q16 = act(T * kv_w * 2), act(T * q_w * 2)  # SDPA's casts of the fp32 rotated k and q
+    attn, lse = act(T * q_w * 2), act(T * a * 4)
+    wo, o = wcast(q_w, h), act(h16)
+    free(q_rot)
+    free(k_rot)
+    free(n1_out)
+    resid = act(h32)  # x + attention: the post-attention norm's input
+    free(o)
+    free(act(h32))  # pow
+    n2_y = act(h32)
+    n2_out = act(h32)
+    wg, g_in, gate = wcast(h, inter), act(h16), act(T * inter * 2)
+    silu = act(T * inter * 2)
+    wu, u_in, up = wcast(h, inter), act(h16), act(T * inter * 2)
+    prod = act(T * inter * 2)
+    wd = wcast(inter, h)
+    free(n2_out)
+    # --- backward: down_proj, the product, up_proj, silu, gate_proj
+    w16 = alloc("gradients", inter * h * 2)
+    d_prod = act(T * inter * 2)
+    free(prod)
+    free(wd)
+    free(dy16)
+    weight_grad(inter, h)
+    free(w16)
+    d_a, d_b = act(T * inter * 2), act(T * inter * 2)
+    free(silu)
+    free(up)
+    free(d_prod)
+    w16, dx16 = alloc("gradients", h * inter * 2), act(h16)
+    free(u_in)
+    free(wu)
+    free(d_a)
+    d_n2 = act(h32)  # the norm output's gradient, in fp32 (accumulated in place below)
+    free(dx16)
+    weight_grad(h, inter)
+    free(w16)
+    d_gate = act(T * inter * 2)
+    free(gate)
+    free(d_b)
+    w16, dx16 = alloc("gradients", h * inter * 2), act(h16)
+    free(g_in)
+    free(wg)
+    free(d_gate)
+    t = act(h32)  # cast to fp32, added into d_n2 in place
+    free(dx16)
+    free(t)
+    weight_grad(h, inter)
+    free(w16)
+
+    def norm_backward(y: int, d_out: int, x: int) -> None:
+        """RMSNorm's backward: the weight's gradient (a product and its reduction), then the input's, added into
+        the residual gradient in place."""
+        t1, t2 = act(h32), act(h32)
+        free(y)
+        prog.transient("activations", reduce_buffer_bytes(h, T))
+        free(t2)
+        free(d_out)
+        t3, t4 = act(h32), act(h32)
+        free(t3)
+        free(t1)
+        free(t4)
+        t5, t6, t7, t8 = act(h32), act(h32), act(h32), act(h32)
+        free(t7)
+        free(t6)
+        free(x)
+        free(t5)
+        free(t8)
+
+    norm_backward(n2_y, d_n2, resid)
+    # --- o_proj, attention, RoPE, v/k/q projections
+    d_o16 = act(h16)  # the residual gradient cast to bf16
+    w16, d_attn = alloc("gradients", q_w * h * 2), act(T * q_w * 2)
+    free(wo)
+    free(d_o16)
+    weight_grad(q_w, h)
+    free(w16)
+    dq, dk, dv = act(T * q_w * 2), act(T * kv_w * 2), act(T * kv_w * 2)
+    prog.transient("activations", flash_backward_workspace_bytes(spec, T))
+    free(attn)
+    free(lse)
+    free(v)
+    free(q16)
+    free(k16)
+    free(d_attn)
+    dq32 = act(T * q_w * 4)
+    free(dq)
+    dk32 = act(T * kv_w * 4)
+    free(dk)
+    # RoPE's backward for k, then q: the products with cos and sin, rotate_half's gradient; k's and q's bf16
+    # gradients are what remains
+    t1, t2 = act(T * kv_w * 4), act(T * kv_w * 2)
+    free(t1)
+    t3 = act(T * kv_w)
+    dk16 = act(T * kv_w * 2)
+    free(t3)
+    t4 = act(T * kv_w * 2)
+    free(t2)
+    free(t4)
+    t5, t6 = act(T * kv_w * 4), act(T * kv_w * 2)
+    free(t5)
+    free(dk32)
+    free(t6)
+    t1, t2 = act(T * q_w * 4), act(T * q_w * 2)
+    free(t1)
+    t3 = act(T * q_w)
+    dq16 = act(T * q_w * 2)
+    free(t3)
+    t4 = act(T * q_w * 2)
+    free(t2)
+    free(t4)
+    t5, t6 = act(T * q_w * 4), act(T * q_w * 2)
+    free(t5)
+    free(dq32)
+    free(t6)
+    w16, dx16 = alloc("gradients", h * kv_w * 2), act(h16)
+    free(v_in)
+    free(wv)
+    free(dv)
+    d_n1 = act(h32)
+    free(dx16)
+    weight_grad(h, kv_w)
+    free(w16)
+    dk_c = act(T * kv_w * 2)  # the transposed gradient made contiguous
+    free(dk16)
+    w16, dx16 = alloc("gradients", h * kv_w * 2), act(h16)
+    free(k_in)
+    free(wk)
+    free(dk_c)
+    t = act(h32)
+    free(dx16)
+    free(t)
+    weight_grad(h, kv_w)
+    free(w16)
+    dq_c = act(T * q_w * 2)
+    free(dq16)
+    w16, dx16 = alloc("gradients", h * q_w * 2), act(h16)
+    free(q_in)
+    free(wq)
+    free(dq_c)
+    t = act(h32)
+    free(dx16)
+    free(t)
+    weight_grad(h, q_w)
+    free(w16)
+    norm_backward(n1_y, d_n1, x_in)
