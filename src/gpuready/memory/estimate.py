@@ -343,6 +343,12 @@ def assumptions(
             if w.method != "full":
                 targets = ",".join(sorted(ctx.lora)) or "none"
                 out.append(f"LoRA r={w.lora_r} on {targets}; adapters in fp32 (peft autocast_adapter_dtype)")
+                if ctx.expert_lora:
+                    out.append(
+                        f"peft moves gate/up/down_proj onto the fused experts: gate_up_proj at rank "
+                        f"{ctx.expert_lora.gate_up_rank}, down_proj at {ctx.expert_lora.down_rank}, each forward "
+                        "building W + BA (kept for backward); dense MLPs and shared experts not adapted"
+                    )
             if w.method == "qlora":
                 out.append("QLoRA: NF4 weights with double quantization (bitsandbytes), 0.516 bytes/param")
             if w.grad_ckpt:

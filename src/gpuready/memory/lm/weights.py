@@ -22,6 +22,18 @@ def _linear_weight_bytes(ctx: Ctx, lin: Linear) -> int:
     return n * ctx.dt.param
 
 
+def _fused_experts(lins: tuple[Linear, ...]) -> list[Linear]:
+    """transformers 5 stores an MoE layer's expert gate and up projections as one parameter, gate_up_proj
+    (experts x 2 intermediate x hidden, and one gate_up_proj_bias where there are biases): one tensor, one
+    allocation (the recorded histories of Llama-4 Scout and DeepSeek-V3: one segment of both)."""
+    by_name = {lin.name: lin for lin in lins}
+    gate, up = by_name.get("gate_proj"), by_name.get("up_proj")
+    if gate is None or up is None or gate.count == 1 or up.count == 1:
+        return list(lins)
+    fused = Linear("gate_up_proj", gate.in_features, gate.out_features + up.out_features, gate.bias, gate.count)
+    return [fused if lin is gate else lin for lin in lins if lin is not up]
+
+
 @dataclass
 class Weights:
     trainable: list[Trainable]  # per GPU (FSDP: the shards)
@@ -63,7 +75,7 @@ def load_weights(prog: Program, ctx: Ctx, whole_first: bool = True) -> Weights:
         unit = layer
         dense = layer < spec.dense_layers
         adapted = layer_lora(ctx, layer)
-        for lin in layer_linears(spec, layer):
+        for lin in _fused_experts(layer_linears(spec, layer)):
             numel = lin.in_features * lin.out_features * lin.count
             param(_linear_weight_bytes(ctx, lin), numel, ctx.full)
             cast_bytes += numel * 2
