@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuready.memory.lm.context import Ctx, mlp_width
-from gpuready.memory.lm.ops import eager_nograd, rms_norm_nograd
+from gpuready.memory.lm.ops import eager_nograd, rms_norm_nograd, rope
 from gpuready.memory.program import Program
 
 
@@ -24,17 +24,8 @@ def block_nograd(
     def norm() -> int:
         return rms_norm_nograd(prog, T, h, r, gemma=spec.model_type == "gemma3_text")
 
-    def rope(width: int) -> int:
-        # q*cos + rotate_half(q)*sin: the product, -x2, cat, its product with sin, the sum
-        a = prog.alloc("activations", T * width * e)
-        neg = prog.alloc("activations", T * width * e // 2)
-        cat = prog.alloc("activations", T * width * e)
-        prog.free(neg)
-        b = prog.alloc("activations", T * width * e)
-        prog.free(cat)
-        out = prog.alloc("activations", T * width * e)
-        prog.free(a)
-        prog.free(b)
+    def rotated(width: int) -> int:
+        out = rope(prog, T, width, e)
         if spec.model_type == "phi3":
             # phi-3's apply_rotary_pos_emb concatenates the rotated part with the pass-through part (empty when
             # all of the head rotates): one more copy (the recorded history of gen_phi3_b104)
@@ -58,8 +49,8 @@ def block_nograd(
         q = prog.alloc("activations", T * q_w * e)
         k = prog.alloc("activations", T * k_w * e)
         v = prog.alloc("activations", T * v_w * e)
-    q2 = rope(q_w)
-    k2 = rope(k_w)
+    q2 = rotated(q_w)
+    k2 = rotated(k_w)
     prog.free(q)
     prog.free(k)
     kept: list[int] = []
@@ -160,19 +151,7 @@ def _neox_block_nograd(prog: Program, ctx: Ctx, x: int, cache_kv: bool, keep_inp
     ln1 = alloc("activations", T * h * r)
     qkv = alloc("activations", T * 3 * w * e)
 
-    def rope_part() -> int:
-        a = alloc("activations", T * rot * e)
-        neg = alloc("activations", T * rot * e // 2)
-        cat = alloc("activations", T * rot * e)
-        free(neg)
-        b = alloc("activations", T * rot * e)
-        free(cat)
-        out = alloc("activations", T * rot * e)
-        free(a)
-        free(b)
-        return out
-
-    q_rot, k_rot = rope_part(), rope_part()
+    q_rot, k_rot = rope(prog, T, rot, e), rope(prog, T, rot, e)
     q = alloc("activations", T * w * e)  # torch.cat((q_embed, q_pass), dim=-1)
     free(q_rot)
     k = alloc("activations", T * w * e)
