@@ -1,5 +1,5 @@
-"""Ops shared by the language-model programs: the cuBLAS workspace, RMSNorm and eager attention without autograd,
-the rotary tables and eager attention's mask.
+"""Ops written once for every language-model block: the rotary embedding, RMSNorm's pieces under autograd, RMSNorm
+and eager attention without autograd, the rotary tables, eager attention's mask and the cuBLAS workspace.
 """
 
 from __future__ import annotations
