@@ -23,7 +23,8 @@ from gpuready.trial.api import estimator_predictor, run_backend
 from gpuready.trial.chart import text_chart, write_chart
 from gpuready.trial.result import Point
 from gpuready.trial.search import doubling_then_bisect, find_max
-from gpuready.trial.simulate import GIB, SimulatedDevice
+from gpuready.trial.simulate import SimulatedDevice
+from gpuready.units import GIB
 from gpuready.workload import make_workload
 
 # name, fixed GiB, per-unit GiB, capacity GiB, quadratic GiB, variable, granularity

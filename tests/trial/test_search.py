@@ -6,7 +6,8 @@ import pytest
 
 from gpuready.trial.result import Point
 from gpuready.trial.search import doubling_then_bisect, find_max, fit_line, predicted_max
-from gpuready.trial.simulate import GIB, SimulatedDevice
+from gpuready.trial.simulate import SimulatedDevice
+from gpuready.units import GIB
 
 # the benchmark cases of benchmarks/find_max.py: fixed GiB, per-unit GiB, capacity GiB, quadratic, var, step
 CASES = [

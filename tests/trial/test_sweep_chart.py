@@ -12,8 +12,9 @@ from gpuready.trial.api import run_backend
 from gpuready.trial.chart import svg_chart, text_chart, write_chart
 from gpuready.trial.result import Point
 from gpuready.trial.runner import Interrupted
-from gpuready.trial.simulate import GIB, SimulatedDevice
+from gpuready.trial.simulate import SimulatedDevice
 from gpuready.trial.sweep import parse_sweep, parse_sweep_arg, run_sweep
+from gpuready.units import GIB
 
 
 def test_parse_sweep() -> None:
