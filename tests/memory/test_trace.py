@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuready.memory.trace import cuda_sdpa_kernel
+from gpuready.memory.trace_record import cuda_sdpa_kernel
 from gpuready.workload import make_workload
 
 TINY = {
@@ -62,7 +62,7 @@ def test_full_training_trace(tiny: str) -> None:
 @pytest.mark.torch
 def test_optimizer_states_and_lora(tiny: str) -> None:
     pytest.importorskip("peft")
-    from gpuready.memory.trace import run_trace
+    from gpuready.memory.trace_run import run_trace
 
     full = run_trace(make_workload(model=tiny, batch=1, seq=16))
     assert "optimizer_states" in full.trace.labels
@@ -76,7 +76,8 @@ def test_optimizer_states_and_lora(tiny: str) -> None:
 @pytest.mark.torch
 def test_more_tokens_need_more_memory_and_extrapolation_matches_tracing(tiny: str) -> None:
     pytest.importorskip("transformers")
-    from gpuready.memory.trace import _extrapolate_decode, _replay, run_trace, trace_estimate
+    from gpuready.memory.trace import _extrapolate_decode, _replay, trace_estimate
+    from gpuready.memory.trace_run import run_trace
 
     w = make_workload(model=tiny, task="infer", batch=4, seq=64, new_tokens=9)
     traced = run_trace(w, decode_steps=8).trace

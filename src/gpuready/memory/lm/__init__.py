@@ -5,7 +5,8 @@ What each op keeps for backward follows PyTorch autograd's formulas and the mode
 
 - context.py: the job's context (Ctx): dtypes, tokens, what trains, the attention kernel, LoRA's linears;
 - weights.py: the parameters as from_config allocates them (and FSDP2's sharding);
-- ops.py: ops shared by the blocks (norm, rotary embedding, projection, eager attention, cuBLAS workspace);
+- ops.py: ops written once for the blocks (rotary embedding, RMSNorm's pieces, no-grad norm and eager attention,
+  rotary tables, eager mask, cuBLAS workspace);
 - autograd.py: what a layer keeps for backward and backward's walk over it;
 - blocks_recorded.py, blocks_train.py: one decoder layer under autograd; blocks_infer.py: without autograd;
 - loss.py: the final norm, logits and loss, generate()'s sampling;

@@ -51,6 +51,11 @@ class Layer:
         self.temps.append(handle)
         return handle
 
+    def temp(self, handle: int) -> int:
+        """Take an allocated handle as one of the layer's temporaries (freed by drop() or when the layer ends)."""
+        self.temps.append(handle)
+        return handle
+
     def drop(self, handle: int) -> None:
         self.temps.remove(handle)
         self.prog.free(handle)

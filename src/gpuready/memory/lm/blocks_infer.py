@@ -9,7 +9,7 @@ from gpuready.memory.lm.moe import (
     grouped_experts_nograd,
     llama4_experts_nograd,
 )
-from gpuready.memory.lm.ops import eager_nograd, rms_norm_nograd
+from gpuready.memory.lm.ops import eager_nograd, rms_norm_nograd, rope
 from gpuready.memory.program import Program
 
 
@@ -81,18 +81,9 @@ def block_nograd(
         prog.free(src)
         return out
 
-    def rope(width: int) -> int:
-        # q*cos + rotate_half(q)*sin: the product, -x2, cat, its product with sin, the sum (fp32 under autocast)
-        f = 4 if autocast else e
-        a = prog.alloc("activations", T * width * f)
-        neg = prog.alloc("activations", T * width * e // 2)
-        cat = prog.alloc("activations", T * width * e)
-        prog.free(neg)
-        b = prog.alloc("activations", T * width * f)
-        prog.free(cat)
-        out = prog.alloc("activations", T * width * f)
-        prog.free(a)
-        prog.free(b)
+    def rotated(width: int) -> int:
+        # fp32 products under autocast (RoPE multiplies the bf16 q and k by fp32 cos and sin)
+        out = rope(prog, T, width, e, product=4 if autocast else e)
         if spec.model_type == "phi3":
             # phi-3's apply_rotary_pos_emb concatenates the rotated part with the pass-through part (empty when
             # all of the head rotates): one more copy (the recorded history of gen_phi3_b104)
@@ -118,8 +109,8 @@ def block_nograd(
         q = head_norm(project("q_proj", T * q_w * e, True), q_w)
         k = head_norm(project("k_proj", T * k_w * e, True), k_w)
         v = project("v_proj", T * v_w * e, True)
-    q2 = rope(q_w)
-    k2 = rope(k_w)
+    q2 = rotated(q_w)
+    k2 = rotated(k_w)
     prog.free(q)
     prog.free(k)
     kept: list[int] = []
@@ -331,19 +322,7 @@ def _neox_block_nograd(prog: Program, ctx: Ctx, x: int, cache_kv: bool, keep_inp
     ln1 = alloc("activations", T * h * r)
     qkv = alloc("activations", T * 3 * w * e)
 
-    def rope_part() -> int:
-        a = alloc("activations", T * rot * e)
-        neg = alloc("activations", T * rot * e // 2)
-        cat = alloc("activations", T * rot * e)
-        free(neg)
-        b = alloc("activations", T * rot * e)
-        free(cat)
-        out = alloc("activations", T * rot * e)
-        free(a)
-        free(b)
-        return out
-
-    q_rot, k_rot = rope_part(), rope_part()
+    q_rot, k_rot = rope(prog, T, rot, e), rope(prog, T, rot, e)
     q = alloc("activations", T * w * e)  # torch.cat((q_embed, q_pass), dim=-1)
     free(q_rot)
     k = alloc("activations", T * w * e)

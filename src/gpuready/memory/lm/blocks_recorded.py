@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gpuready.memory.lm.autograd import Layer, Saved
 from gpuready.memory.lm.context import GEMMA_NORMS, Ctx
+from gpuready.memory.lm.ops import rms_norm_frozen, rms_norm_start, rope
 from gpuready.memory.program import Program
 
 
@@ -65,19 +66,13 @@ def plain_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list
             save(T * h * 4, T * h * e, transient=(T * h * 4,) * 3)  # x * rsqrt, kept by weight * y
             save(T * h * 4)  # weight * y, kept by the projections
             return 0
-        save(T * h * 4, T * h * e, transient=(T * h * 4,) * 3)  # x.to(fp32), kept by pow
-        prog.free(alloc(T * h * 4))  # x ** 2
-        y32 = alloc(T * h * 4)  # x * rsqrt
+        y32 = rms_norm_start(layer_, T, h, e)  # x.to(fp32) kept by pow, pow, x * rsqrt
         if full:
             save(T * h * r)  # .to(dtype), kept by weight * y since the weight trains
             save(T * h * r)  # weight * y, kept by the projections
             prog.free(y32)
             return 0
-        yb = alloc(T * h * r)  # .to(dtype)
-        out = alloc(T * h * r)  # weight * y
-        prog.free(y32)
-        prog.free(yb)
-        return out
+        return rms_norm_frozen(layer_, y32, T, h, r)
 
     def gemma_norm(src: int = 0, feeds_linears: bool = False) -> int:
         """Gemma2RMSNorm as the recorded histories of gemma-2-2b (LoRA and full fine-tuning) show it: x.float()
@@ -129,33 +124,17 @@ def plain_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list
         prog.free(total)
         return res
 
-    def rope(width: int) -> int:
-        # q*cos, -x2, cat, rotate_half(q)*sin, the sum (the new q, kept by attention)
-        a_ = alloc(T * width * e)
-        n_ = alloc(T * width * e // 2)
-        c_ = alloc(T * width * e)
-        prog.free(n_)
-        b_ = alloc(T * width * e)
-        prog.free(c_)
-        new = alloc(T * width * e)
-        prog.free(a_)
-        prog.free(b_)
-        return new
-
     def head_norm(width: int, src: int) -> int:
         """Qwen3's q_norm / k_norm (RMSNorm over each head) on a projection's output, which it frees: x.to(fp32)
         kept, pow, x * rsqrt, .to(dtype) (kept when the weight trains), weight * y (RoPE's input)."""
-        save(T * width * 4, T * width * e, transient=(T * width * 4,) * 3)
-        prog.free(alloc(T * width * 4))
-        y32 = alloc(T * width * 4)
+        y32 = rms_norm_start(layer_, T, width, e)
         if full:
             save(T * width * e)
             out = alloc(T * width * e)
+            prog.free(y32)
         else:
-            yb = alloc(T * width * e)
-            out = alloc(T * width * e)
-            prog.free(yb)
-        prog.free(y32)
+            # (frees x * rsqrt before the cast, not after: two frees in a row leave the same cache either way)
+            out = rms_norm_frozen(layer_, y32, T, width, e)
         prog.free(src)
         return out
 
@@ -173,9 +152,9 @@ def plain_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list
         if spec.qk_norm:
             k_out = head_norm(kv_w, k_out)
         v_out = project("v_proj", h, kv_w)
-    q_new = rope(q_w)
+    q_new = rope(prog, T, q_w, e)  # the rotated q and k, kept by attention
     prog.free(q_out)
-    k_new = rope(kv_w)
+    k_new = rope(prog, T, kv_w, e)
     prog.free(k_out)
     if ctx.backend == "math":
         # _scaled_dot_product_attention_math in fp32 with grouped-query heads, as the recorded history of

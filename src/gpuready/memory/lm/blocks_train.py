@@ -10,6 +10,7 @@ from gpuready.memory.lm.autograd import Layer, Saved
 from gpuready.memory.lm.blocks_recorded import gpt2_block_forward, plain_block_forward, recorded_layer_order
 from gpuready.memory.lm.context import GEMMA_NORMS, Ctx, layer_linears, layer_lora, mlp_width, softmax_upcast_copy
 from gpuready.memory.lm.moe import EXPERTS_INTERFACE_TYPES, grouped_experts_forward, llama4_experts_forward
+from gpuready.memory.lm.ops import rms_norm_frozen, rms_norm_start, rope
 from gpuready.memory.program import Program
 from gpuready.models.spec import Linear
 
@@ -44,34 +45,18 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
         if spec.norm == "layer":
             save(T * h * r, T * h * e)
         else:
-            save(T * h * 4, T * h * e, (), (T * h * 4,) * 3)
-            drop(tmp(T * h * 4))  # x ** 2
-            y32 = tmp(T * h * 4)
-            if full:
-                save(T * h * (4 if spec.model_type in GEMMA_NORMS else r))
-            else:
-                yb = tmp(T * h * r)
-            out = tmp(T * h * r) if not (full and not dt.autocast) else 0
-            drop(y32)
+            y32 = rms_norm_start(layer_, T, h, e)
             if not full:
-                drop(yb)
+                return layer_.temp(rms_norm_frozen(layer_, y32, T, h, r))
+            save(T * h * (4 if spec.model_type in GEMMA_NORMS else r))
+            out = tmp(T * h * r) if dt.autocast else 0
+            prog.free(y32)
             if out:
                 return out
         if full and not dt.autocast:
             save(T * h * e)  # the norm output, kept (once) by the projections that read it
             return 0
         return tmp(T * h * r)
-
-    def rope(width: int) -> None:
-        # q*cos + rotate_half(q)*sin: the product, -x2, cat, its product with sin; the sum is the new q
-        a_ = tmp(T * width * e)
-        n_ = tmp(T * width * e // 2)
-        c_ = tmp(T * width * e)
-        drop(n_)
-        b_ = tmp(T * width * e)
-        drop(c_)
-        drop(a_)
-        drop(b_)
 
     def linear_in(lin: Linear, width: int, shared: bool) -> None:
         """What a linear keeps of its input: the input when the weight trains (once per shared input; autocast
@@ -122,8 +107,8 @@ def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved
     if normed:
         drop(normed)
     if spec.model_type != "gpt2":
-        rope(q_width)
-        rope(k_width)
+        rope(prog, T, q_width, e, output=False)
+        rope(prog, T, k_width, e, output=False)
     out_width = a * (spec.v_head_dim or d)
     backend = ctx.backend
     expanded = backend in ("eager", "efficient") and ctx.mask and k_width < q_width

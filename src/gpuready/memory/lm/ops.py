@@ -1,16 +1,59 @@
-"""Ops shared by the language-model programs: the cuBLAS workspace, RMSNorm and eager attention without autograd,
-the rotary tables and eager attention's mask.
+"""Ops written once for every language-model block: the rotary embedding, RMSNorm's pieces under autograd, RMSNorm
+and eager attention without autograd, the rotary tables, eager attention's mask and the cuBLAS workspace.
 """
 
 from __future__ import annotations
 
+from gpuready.memory.lm.autograd import Layer
 from gpuready.memory.lm.context import Ctx, softmax_upcast_copy
 from gpuready.memory.program import Program
 from gpuready.models.spec import ModelSpec
+from gpuready.units import MIB
 
 # PyTorch takes cuBLAS workspaces from the caching allocator, one per (handle, stream), kept for the process;
 # 32 MiB each on Hopper (CUBLAS_WORKSPACE_CONFIG default :4096:8, aten/src/ATen/cuda/CublasHandlePool.cpp)
-CUBLAS_WORKSPACE_BYTES = 32 * 1024**2
+CUBLAS_WORKSPACE_BYTES = 32 * MIB
+
+
+def rope(prog: Program, tokens: int, width: int, act: int, output: bool = True, product: int | None = None) -> int:
+    """The rotary embedding on q (or k) as transformers' apply_rotary_pos_emb runs it, `q * cos + rotate_half(q) *
+    sin`: the product with cos, rotate_half's -x2 and torch.cat, its product with sin, then the sum (the rotated
+    tensor) and the two products freed. Returns the sum's handle; with output=False the sum is left out (0 is
+    returned): the generic training layer keeps its rotated q and k with the attention kernel's inputs instead.
+    `product`: bytes per element of the two products and the sum when they differ from the input's (4 under
+    autocast, where cos and sin are fp32)."""
+    n = tokens * width * act
+    p = tokens * width * (act if product is None else product)
+    cos_part = prog.alloc("activations", p)
+    neg = prog.alloc("activations", n // 2)
+    cat = prog.alloc("activations", n)
+    prog.free(neg)
+    sin_part = prog.alloc("activations", p)
+    prog.free(cat)
+    out = prog.alloc("activations", p) if output else 0
+    prog.free(cos_part)
+    prog.free(sin_part)
+    return out
+
+
+def rms_norm_start(layer: Layer, tokens: int, width: int, act: int) -> int:
+    """The start of LlamaRMSNorm (and its relatives) under autograd on a 16-bit input: x.to(fp32), kept by pow (its
+    backward makes an input-sized gradient and holds three fp32 temporaries of the input's size); pow(2), freed at
+    once; x * rsqrt in fp32. Returns the handle of x * rsqrt, which the caller frees or keeps."""
+    n = tokens * width
+    layer.save(n * 4, n * act, transient=(n * 4,) * 3)
+    layer.prog.free(layer.alloc(n * 4))
+    return layer.alloc(n * 4)
+
+
+def rms_norm_frozen(layer: Layer, y32: int, tokens: int, width: int, dtype: int) -> int:
+    """The end of the norm when its weight does not train (nothing more is kept): .to(dtype), weight * y, then
+    x * rsqrt (`y32`, from rms_norm_start) and the cast freed. Returns the output's handle."""
+    yb = layer.alloc(tokens * width * dtype)
+    out = layer.alloc(tokens * width * dtype)
+    layer.prog.free(y32)
+    layer.prog.free(yb)
+    return out
 
 
 def rms_norm_nograd(prog: Program, tokens: int, h: int, r: int, gemma: bool = False) -> int:

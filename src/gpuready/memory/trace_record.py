@@ -1,0 +1,271 @@
+"""Recording a job's allocations: the event list (Trace), the TorchDispatchMode that fills it on fake tensors,
+and what CUDA does that the CPU does not (its attention kernels, transformers' mask decisions).
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuready.errors import GpureadyError
+from gpuready.memory.lm.ops import CUBLAS_WORKSPACE_BYTES
+
+
+class TraceUnavailable(GpureadyError):
+    """The traced mode needs torch and transformers (pip install 'gpuready[trace]')."""
+
+
+@dataclass
+class Trace:
+    """A job's allocations and frees in order, in the format `allocator.replay` takes, with labels."""
+
+    events: list[int] = field(default_factory=list)
+    labels: list[str] = field(default_factory=lambda: [""])  # allocation id -> component (id 0 unused)
+    sizes: list[int] = field(default_factory=lambda: [0])  # allocation id -> requested bytes
+    marks: list[tuple[int, str]] = field(default_factory=list)  # (first event index, phase)
+    phase: str = "load"
+    component: str = "weights"
+    recording: bool = True
+
+    def alloc(self, nbytes: int) -> int:
+        self.events.append(nbytes)
+        self.labels.append(self.component)
+        self.sizes.append(nbytes)
+        return len(self.labels) - 1
+
+    def free(self, alloc_id: int) -> None:
+        if self.recording:
+            self.events.append(-alloc_id)
+
+    def mark(self, phase: str, component: str) -> None:
+        self.phase, self.component = phase, component
+        self.marks.append((len(self.events), phase))
+
+    def relabel(self, alloc_id: int, component: str) -> None:
+        self.labels[alloc_id] = component
+
+
+# -- heavy imports -------------------------------------------------------------------------------------
+def import_torch() -> tuple[Any, Any]:
+    try:
+        import torch
+        import transformers
+    except ImportError as exc:
+        raise TraceUnavailable(
+            f"the traced mode needs torch and transformers ({exc.name} missing): pip install gpuready[trace]"
+        ) from None
+    return torch, transformers
+
+
+# -- the recorder ------------------------------------------------------------------------------------
+def make_recorder(torch: Any, trace: Trace) -> Any:
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    matmuls = {
+        torch.ops.aten.mm.default,
+        torch.ops.aten.addmm.default,
+        torch.ops.aten.bmm.default,
+        torch.ops.aten.baddbmm.default,
+    }
+
+    class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
+        def __init__(self) -> None:
+            super().__init__()  # type: ignore[no-untyped-call]
+            self.ids: dict[int, int] = {}  # StorageImpl address -> allocation id
+            self.workspaces: set[str] = set()
+
+        def track(self, t: Any) -> None:
+            st = t.untyped_storage()
+            key = st._cdata
+            if key in self.ids:
+                return
+            nbytes = st.nbytes()
+            if nbytes == 0:
+                return
+            alloc_id = trace.alloc(nbytes)
+            self.ids[key] = alloc_id
+            fin = weakref.finalize(st, self._freed, key, alloc_id)
+            fin.atexit = False
+
+        def _freed(self, key: int, alloc_id: int) -> None:
+            if self.ids.get(key) == alloc_id:
+                del self.ids[key]
+            trace.free(alloc_id)
+
+        def id_of(self, t: Any) -> int | None:
+            return self.ids.get(t.untyped_storage()._cdata)
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if func in matmuls:
+                # one cuBLAS handle (and workspace) per thread: forward/optimizer and autograd's device thread
+                thread = "backward" if trace.phase == "backward" else "main"
+                if thread not in self.workspaces:
+                    self.workspaces.add(thread)
+                    saved = trace.component
+                    trace.component = "other"
+                    trace.alloc(CUBLAS_WORKSPACE_BYTES)  # never freed
+                    trace.component = saved
+            out = func(*args, **(kwargs or {}))
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    self.track(t)
+            return out
+
+    return Recorder()
+
+
+# -- attention as CUDA would run it ----------------------------------------------------------------------
+def cuda_sdpa_kernel(dtype_is_half: bool, head_dim: int, has_mask: bool, gqa: bool, fp32: bool = False) -> str:
+    """Which SDPA backend CUDA picks on sm90 with torch's default priority (flash, efficient, math).
+
+    Rules from aten/src/ATen/native/transformers/cuda/sdp_utils.cpp: flash needs fp16/bf16, no explicit
+    mask, head_dim a multiple of 8 and at most 256 (GQA supported); memory-efficient takes fp32 too and a
+    mask, head_dim a multiple of 8 (4 for fp32), but not enable_gqa; anything else falls back to math.
+    """
+    if dtype_is_half and not has_mask and head_dim % 8 == 0 and head_dim <= 256:
+        return "flash"
+    if not gqa and head_dim % (4 if fp32 else 8) == 0:
+        return "efficient"
+    return "math"
+
+
+def _cuda_sdpa(torch: Any) -> Callable[..., Any]:
+    functional = torch.nn.functional
+    original = functional.scaled_dot_product_attention
+
+    class FusedAttention(torch.autograd.Function):  # type: ignore[misc]
+        """Allocates what the fused CUDA kernels allocate: forward output + fp32 log-sum-exp (saved);
+        backward dq/dk/dv (dk, dv at the query's head count under GQA, then summed), fp32 dq accumulator."""
+
+        @staticmethod
+        def forward(ctx: Any, q: Any, k: Any, v: Any, lse_len: int) -> Any:
+            b, h, length, _ = q.shape
+            # the kernels write (batch, seq, heads, dim) and return it transposed: the caller's
+            # transpose(1, 2).contiguous() is then free, and o_proj saves this very storage
+            out = q.new_empty((b, length, h, v.shape[-1])).transpose(1, 2)
+            lse = q.new_empty((b, h, lse_len), dtype=torch.float32)
+            ctx.save_for_backward(q, k, v, out, lse)
+            return out
+
+        @staticmethod
+        def backward(ctx: Any, grad_out: Any) -> Any:
+            q, k, v = ctx.saved_tensors[:3]
+            b, h, length, d = q.shape
+            accum = q.new_empty((b, h, math.ceil(length / 128) * 128, d), dtype=torch.float32)
+            softmax_d = q.new_empty((b, h, math.ceil(length / 128) * 128), dtype=torch.float32)
+            dq = torch.empty_like(q)
+            hk = k.shape[1]
+            if hk != h:
+                dk_full = k.new_empty((b, h, k.shape[2], k.shape[3]))
+                dv_full = v.new_empty((b, h, v.shape[2], v.shape[3]))
+                dk = dk_full.view(b, hk, h // hk, k.shape[2], k.shape[3]).sum(2)
+                dv = dv_full.view(b, hk, h // hk, v.shape[2], v.shape[3]).sum(2)
+                del dk_full, dv_full
+            else:
+                dk, dv = torch.empty_like(k), torch.empty_like(v)
+            del accum, softmax_d
+            return dq, dk, dv, None
+
+    def _math_nograd(query: Any, key: Any, value: Any) -> Any:
+        """CUDA's _scaled_dot_product_attention_math without autograd, as aten runs it (attention.cpp): q scaled, K
+        and V repeated to every head, kᵀ scaled, the scores (the causal mask added in place), _safe_softmax's
+        output and its one-byte mask, then probabilities @ v. The CPU decomposition allocates differently."""
+        b, h, length, _ = query.shape
+        hk = key.shape[-3]
+        q = torch.empty_like(query)
+        kx = key.new_empty((b, h, key.shape[-2], key.shape[-1])) if hk != h else key
+        vx = value.new_empty((b, h, value.shape[-2], value.shape[-1])) if hk != h else value
+        kt = kx.new_empty(kx.shape)
+        scores = q.new_empty((b, h, length, key.shape[-2]))
+        del kt
+        probs = torch.empty_like(scores)
+        mask = torch.empty(scores.shape, dtype=torch.bool)
+        del mask, scores
+        out = q.new_empty((b, h, length, value.shape[-1]))
+        del probs, q, kx, vx
+        return out
+
+    def sdpa(
+        query: Any,
+        key: Any,
+        value: Any,
+        attn_mask: Any = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: Any = None,
+        enable_gqa: bool = False,
+    ) -> Any:
+        if torch.is_autocast_enabled("cpu"):
+            # CUDA autocast runs SDPA in the lower precision (autocast_mode.cpp lower_precision_fp list):
+            # its inputs are cast there, e.g. llama's q and k, which RoPE turns fp32 under mixed precision
+            low = torch.get_autocast_dtype("cpu")
+            query, key, value = (t.to(low) if t.is_floating_point() else t for t in (query, key, value))
+            if attn_mask is not None and attn_mask.is_floating_point():
+                attn_mask = attn_mask.to(low)
+        half = query.dtype in (torch.float16, torch.bfloat16)
+        gqa = enable_gqa and key.shape[-3] != query.shape[-3]
+        kernel = cuda_sdpa_kernel(half, query.shape[-1], attn_mask is not None, gqa, fp32=query.dtype == torch.float32)
+        if kernel == "math" and query.dim() == 4 and not torch.is_grad_enabled():
+            return _math_nograd(query, key, value)
+        if kernel == "math" or query.dim() != 4:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            with sdpa_kernel([SDPBackend.MATH]):
+                return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+        length = query.shape[-2]
+        lse_len = length if kernel == "flash" else math.ceil(length / 32) * 32
+        return FusedAttention.apply(query, key, value, lse_len)
+
+    return sdpa
+
+
+@contextmanager
+def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
+    saved = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, saved)
+
+
+def _no_padding(
+    padding_mask: Any,
+    q_length: int,
+    kv_length: int,
+    q_offset: Any,
+    kv_offset: int,
+    local_attention_size: int | None = None,
+) -> bool:
+    """transformers' `_ignore_causal_mask_sdpa` answered from the job's definition (no padding), as it
+    answers on the GPU: it reads the mask's values there, and refuses to on fake tensors."""
+    if local_attention_size is not None and kv_length >= local_attention_size:
+        return False
+    return q_length == 1 or kv_length == q_length
+
+
+def _no_packing(position_ids: Any) -> None:
+    """transformers' `find_packed_sequence_indices` answered from the job's definition: nothing is packed."""
+    return None
+
+
+@contextmanager
+def as_on_cuda(torch: Any, transformers: Any) -> Iterator[None]:
+    """Swap in CUDA's attention kernels and mask decisions for the duration of the trace. A patch of the
+    functions (not a TorchFunctionMode) so that it also holds in autograd's recomputation of checkpoints."""
+    import transformers.masking_utils as masking
+
+    with (
+        _patched(torch.nn.functional, "scaled_dot_product_attention", _cuda_sdpa(torch)),
+        _patched(masking, "_ignore_causal_mask_sdpa", _no_padding),
+        # training passes position_ids without a mask: transformers looks for packed sequences by reading their
+        # values, which fake tensors cannot give, and would build an explicit mask (then SDPA repeats K/V and
+        # leaves flash). The job has one sequence per row, as on the GPU: no packing.
+        _patched(masking, "find_packed_sequence_indices", _no_packing),
+    ):
+        yield
