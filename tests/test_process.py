@@ -112,6 +112,27 @@ def test_ctrl_c_ends_the_child_before_it_reaches_the_caller(tmp_path: Path) -> N
     assert _group_alive(pid) == []
 
 
+def test_ctrl_c_with_interrupt_returns_ends_the_child_and_reports_what_it_wrote(tmp_path: Path) -> None:
+    """storage's rsync runner: an interrupted copy is a result (exit 130 with the files done), never lost output."""
+    script = tmp_path / "copy.py"
+    script.write_text("import time\nprint('file-1 done', flush=True)\ntime.sleep(600)\n")
+    running = Running([PY, str(script)], timeout=60, interrupt_returns=True)
+    pid = running.pid
+    assert pid is not None
+    time.sleep(0.5)
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        done = running.wait()
+    finally:
+        timer.cancel()
+    assert done.interrupted and not done.timed_out
+    assert done.stdout_lines == ["file-1 done"]
+    assert done.returncode is not None and done.returncode != 0
+    time.sleep(0.3)
+    assert _group_alive(pid) == []
+
+
 def test_cancel_stops_a_running_child_at_once() -> None:
     running = Running([PY, "-c", "import time; time.sleep(600)"], timeout=600)
     pid = running.pid

@@ -153,6 +153,7 @@ class Completed:
     timed_out: bool = False
     error: OSError | None = None  # it could not be started (not found, not executable)
     pid: int | None = None
+    interrupted: bool = False  # Ctrl-C (or SIGTERM in `sigterm_as_interrupt`) ended it; see `interrupt_returns`
 
     @property
     def stdout_lines(self) -> list[str]:
@@ -210,6 +211,8 @@ class Running:
         keep_lines: keep only the last this many lines of each stream (a long training log); None keeps all.
         universal_newlines: '\r' also ends a line (text-mode pipes); else only '\n' does.
         kill_grace: seconds `end_group` gives SIGINT and SIGTERM before SIGKILL (0: SIGKILL at once).
+        interrupt_returns: on Ctrl-C, end the child (with KILL_GRACE_SECONDS) and return what it wrote, with
+            `interrupted` set, instead of raising: for a caller that reports an interrupted copy itself.
     """
 
     def __init__(
@@ -226,8 +229,10 @@ class Running:
         keep_lines: int | None = None,
         universal_newlines: bool = True,
         kill_grace: float = KILL_GRACE_SECONDS,
+        interrupt_returns: bool = False,
     ) -> None:
         self.argv = tuple(str(a) for a in argv)
+        self._interrupt_returns = interrupt_returns
         self.timeout = timeout
         self.started = time.perf_counter()
         self._ours, self._grace = ours, kill_grace
@@ -278,9 +283,23 @@ class Running:
                 timed_out = True
                 self._end(self._grace)
         except KeyboardInterrupt:
-            self._end(self._grace)
-            self._drain(2.0)
-            raise
+            if not self._interrupt_returns:
+                self._end(self._grace)
+                self._drain(2.0)
+                raise
+            self._end(KILL_GRACE_SECONDS)
+            proc.wait()
+            self._drain(DRAIN_SECONDS)
+            self._result = Completed(
+                self.argv,
+                proc.returncode,
+                self._pumps[0].text(),
+                self._pumps[1].text() if len(self._pumps) > 1 else "",
+                time.perf_counter() - self.started,
+                pid=proc.pid,
+                interrupted=True,
+            )
+            return self._result
         self._drain(DRAIN_SECONDS)
         if not self._ours:
             end_group(proc, grace=0)  # the leader is gone; grandchildren left in its group would hold the GPU

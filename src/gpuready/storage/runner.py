@@ -1,4 +1,4 @@
-"""How the storage package runs other programs (rsync, rclone); they are started by gpuready.process.
+"""How the storage package runs other programs (rsync, rclone), through gpuready.process's `Running`.
 
 Every call is an argv list (never a shell string) with a timeout. Tests inject a fake `Runner`.
 """
@@ -6,15 +6,12 @@ Every call is an argv list (never a shell string) with a timeout. Tests inject a
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from gpuready.process import end_group, sigterm_as_interrupt, spawn, stop_child
+from gpuready.process import Running, sigterm_as_interrupt
 
 LineCallback = Callable[[str], None]
 
@@ -54,61 +51,29 @@ class SubprocessRunner:
             return self._run(argv, timeout, on_line, ours)
 
     def _run(self, argv: list[str], timeout: float, on_line: LineCallback | None, ours: bool) -> RunResult:
-        start = time.monotonic()
-        try:
-            proc = spawn(argv, ours=ours)
-        except OSError as exc:
-            return RunResult(tuple(argv), 127, "", f"{argv[0]}: {exc.strerror or exc}")
-        timed_out = threading.Event()
+        def line(text: str) -> None:
+            if on_line is not None and text.strip():
+                on_line(text)
 
-        def _kill() -> None:
-            timed_out.set()
-            if ours:
-                stop_child(proc, grace=1.0)
-            else:
-                end_group(proc, grace=0)
-
-        timer = threading.Timer(timeout, _kill)
-        timer.start()
-        err_chunks: list[bytes] = []
-        err_thread = threading.Thread(target=lambda: err_chunks.append(proc.stderr.read() if proc.stderr else b""))
-        err_thread.start()
-        out_lines: list[str] = []
-        interrupted = False
-        try:
-            assert proc.stdout is not None
-            buf = b""
-            while True:
-                chunk = os.read(proc.stdout.fileno(), 65536)
-                if not chunk:
-                    break
-                buf += chunk
-                *lines, buf = buf.replace(b"\r", b"\n").split(b"\n")
-                for raw in lines:
-                    line = raw.decode("utf-8", "replace")
-                    out_lines.append(line)
-                    if on_line is not None and line.strip():
-                        on_line(line)
-            if buf:
-                out_lines.append(buf.decode("utf-8", "replace"))
-            returncode = proc.wait()
-        except KeyboardInterrupt:
-            # Ctrl-C reached the child too (same group); SIGTERM reached only us: stop it either way
-            interrupted = True
-            if ours:
-                stop_child(proc)
-            else:
-                end_group(proc)
-            returncode = proc.wait()
-        finally:
-            timer.cancel()
-            err_thread.join()
+        # '\r' ends a line too (rsync's progress redraws); at the timeout a copy of ours gets SIGTERM and 1 s,
+        # anything else SIGKILL at once; on Ctrl-C the child is stopped and what it wrote is still reported
+        done = Running(
+            argv,
+            timeout=timeout,
+            ours=ours,
+            on_line=line if on_line is not None else None,
+            universal_newlines=True,
+            kill_grace=1.0 if ours else 0.0,
+            interrupt_returns=True,
+        ).wait()
+        if done.error is not None:
+            return RunResult(tuple(argv), 127, "", f"{argv[0]}: {done.error.strerror or done.error}")
         return RunResult(
             tuple(argv),
-            returncode,
-            "\n".join(out_lines),
-            b"".join(err_chunks).decode("utf-8", "replace"),
-            timed_out=timed_out.is_set(),
-            seconds=time.monotonic() - start,
-            interrupted=interrupted,
+            -1 if done.returncode is None else done.returncode,  # -1: ended at its timeout
+            "\n".join(done.stdout_lines),
+            done.stderr,
+            timed_out=done.timed_out,
+            seconds=done.seconds,
+            interrupted=done.interrupted,
         )
