@@ -279,7 +279,7 @@ def dupes_cmd(
     # plain writes: rich's per-line rendering cost ~0.1 ms a line, slower than the scan on 200k files
     out = sys.stdout
     for g in report.groups:
-        out.write(f"{format_bytes(g.size)} x {len(g.copies)} copies ({g.digest[:19]}...)\n")
+        out.write(f"{format_bytes(g.size)} x {g.n_inodes} copies ({g.digest[:19]}...)\n")
         for p in g.paths:
             out.write(f"  {shown(p)}\n")
     out.write(

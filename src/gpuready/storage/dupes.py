@@ -17,9 +17,11 @@ and acts atomically (a hard link under a temporary name in the same folder, rena
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import stat
 import struct
+import sys
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterator, Sequence
@@ -34,7 +36,9 @@ Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 SMALL = 64 * 1024  # up to this size a file is read whole in one call and hashed inline (batches)
 _BATCH = 512  # small files per pool task
+_KEY = 64  # small files of one size are told apart by their first bytes, then by every byte
 _REC = struct.Struct("=QqI")  # ino, mtime_ns, folder index; the name's bytes follow (device: per folder)
+_FS_ENC, _FS_ERR = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()  # what os.fsdecode uses
 RECHECK_AFTER_S = 3.0  # a plan applied later than this after the scan re-hashes both copies first
 
 
@@ -52,11 +56,12 @@ class Copy:
 class DupeGroup:
     """Files with identical content, one list of paths per inode (hard links together), sorted.
 
-    Held as the scan's packed records and turned into `Copy` objects only when asked: 20k groups of
-    dataclasses cost more memory than the whole scan (docs/storage_benchmark.md).
+    Held as the scan's packed records and turned into `Copy` objects or path strings only when asked (and not
+    kept): 20k groups of dataclasses cost more memory than the whole scan (docs/storage_benchmark.md). The
+    records are put in path order (bytes) once, on first use.
     """
 
-    __slots__ = ("_devs", "_dirs", "_recs", "digest", "size")
+    __slots__ = ("_devs", "_dirs", "_ordered", "_recs", "digest", "size")
 
     def __init__(self, size: int, digest: str, recs: list[list[bytes]], dirs: list[bytes], devs: list[int]) -> None:
         self.size = size
@@ -64,10 +69,23 @@ class DupeGroup:
         self._recs = recs
         self._dirs = dirs
         self._devs = devs
+        self._ordered = False
+
+    def _sorted(self) -> list[list[tuple[bytes, bytes]]]:
+        """(path, record) per name: names in path order within an inode, inodes by their first path."""
+        dirs = self._dirs
+        unpack = _REC.unpack_from
+        skip = _REC.size
+        out = [sorted([(dirs[unpack(r)[2]] + b"/" + r[skip:], r) for r in ino]) for ino in self._recs]
+        if not self._ordered:
+            out.sort()
+            self._recs = [[r for _p, r in ino] for ino in out]
+            self._ordered = True
+        return out
 
     @property
     def first(self) -> bytes:
-        return min(_rec_path(self._dirs, r) for ino in self._recs for r in ino)
+        return self._sorted()[0][0][0]
 
     @classmethod
     def of(cls, size: int, digest: str, copies: list[list[Copy]]) -> DupeGroup:
@@ -87,23 +105,21 @@ class DupeGroup:
     @property
     def copies(self) -> list[list[Copy]]:
         out = []
-        for ino in self._recs:
+        for ino in self._sorted():
             cs = []
-            for r in ino:
+            for path, r in ino:
                 i, mtime, d = _REC.unpack_from(r)
-                cs.append(Copy(os.fsdecode(_rec_path(self._dirs, r)), self._devs[d], i, self.size, mtime))
-            cs.sort(key=lambda c: c.path)
+                cs.append(Copy(path.decode(_FS_ENC, _FS_ERR), self._devs[d], i, self.size, mtime))
             out.append(cs)
-        out.sort(key=lambda ino: ino[0].path)
         return out
 
     @property
     def inodes(self) -> list[list[str]]:
-        return [[c.path for c in ino] for ino in self.copies]
+        return [[path.decode(_FS_ENC, _FS_ERR) for path, _r in ino] for ino in self._sorted()]
 
     @property
     def paths(self) -> list[str]:
-        return [c.path for ino in self.copies for c in ino]
+        return [path.decode(_FS_ENC, _FS_ERR) for ino in self._sorted() for path, _r in ino]
 
     @property
     def reclaimable_bytes(self) -> int:  # size x (distinct inodes - 1); hard links already share their bytes
@@ -300,9 +316,10 @@ def _hash_small(dirs: list[bytes], batch: list[tuple[int, list[bytes]]]) -> list
     """Whole small files, one read each, grouped by their bytes; a batch is a list of (size, records).
 
     Per size group: for each file the index of the first file with the same bytes (itself if none), or why it
-    has none; and the BLAKE3 digest of each content held by two files or more. The bytes themselves are the
-    dict key, so equality is decided by comparing every byte (as jdupes does), not by a digest, and only
-    duplicates are hashed (a digest names the group in the report).
+    has none; and the BLAKE3 digest of each content held by two files or more. Files are keyed by their first
+    `_KEY` bytes, and those that share them by their whole content, so equality is decided by comparing
+    every byte (as jdupes does), not by a digest, and only duplicates are hashed (a digest names the group
+    in the report).
 
     A file is "changed" unless, after the read, it is still the one the scan listed (size, mtime_ns, inode):
     one fstat per file is the cheapest proof that the bytes compared are the bytes listed. The loop is
@@ -315,7 +332,9 @@ def _hash_small(dirs: list[bytes], batch: list[tuple[int, list[bytes]]]) -> list
     for size, recs in batch:
         firsts: list[int | str] = []
         put = firsts.append
-        seen: dict[bytes, int] = {}
+        heads: dict[bytes, int] = {}  # first _KEY bytes -> the first file that starts so
+        seen: dict[bytes, dict[bytes, int]] = {}  # first _KEY bytes -> whole content -> its first file
+        datas: dict[int, bytes] = {}  # content of each file first with its head, until a second one shows
         counted: dict[int, bytes] = {}
         for i, rec in enumerate(recs):
             ino, mtime_ns, idx = unpack(rec)
@@ -346,10 +365,20 @@ def _hash_small(dirs: list[bytes], batch: list[tuple[int, list[bytes]]]) -> list
                 except OSError:
                     put(_UNREADABLE)
                     continue
-            j = seen.setdefault(data, i)
+            # Files of one size mostly differ in their first bytes: a dict keyed by those is cheap (hashing
+            # the whole content costs ~2.5 us a 4 KiB file); only files that share them are keyed by every byte.
+            head = data[:_KEY]
+            j = heads.setdefault(head, i)
+            if j == i:
+                datas[i] = data
+            else:
+                same = seen.get(head)
+                if same is None:
+                    same = seen[head] = {datas[j]: j}
+                j = same.setdefault(data, i)
+                if j != i and j not in counted:
+                    counted[j] = data
             put(j)
-            if j != i and j not in counted:
-                counted[j] = data
         out.append((firsts, {j: b3(data, max_threads=1).digest() for j, data in counted.items()}))
     return out
 
@@ -459,7 +488,22 @@ def find_duplicates(
     workers: int | None = None,
     progress: Progress | None = None,
 ) -> DupesReport:
-    """Find groups of identical files under `roots`; every byte of every candidate is hashed (BLAKE3)."""
+    """Find groups of identical files under `roots`; every byte of every candidate is read and compared."""
+    # The scan allocates a few objects per file and frees almost none of them until it ends, so the cyclic
+    # garbage collector's passes find nothing and cost ~5% of the CPU time on 200k files; it is paused
+    # meanwhile (reference counting still frees everything that is not a cycle) and restored after.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _find_duplicates(roots, min_size=min_size, workers=workers, progress=progress)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _find_duplicates(
+    roots: Sequence[str | os.PathLike[str]], *, min_size: int, workers: int | None, progress: Progress | None
+) -> DupesReport:
     if not roots:
         raise InputError("PATH", "give at least one folder or file to scan")
     for r in roots:
@@ -484,7 +528,10 @@ def find_duplicates(
     for size, recs in sc.by_size.items():
         if len(recs) < 2:
             continue
-        ids = {(unpack(rec)[0], devs[unpack(rec)[2]]) for rec in recs}  # (inode, device)
+        if len({rec[:8] for rec in recs}) == len(recs):  # distinct inode numbers: distinct files, the common case
+            (small if size <= SMALL else large).append((size, recs))
+            continue
+        ids = {(ino, devs[idx]) for ino, _mtime, idx in map(unpack, recs)}  # (inode, device)
         if len(ids) < 2:
             continue
         if len(ids) < len(recs):
