@@ -56,32 +56,49 @@ class Copy:
 class DupeGroup:
     """Files with identical content, one list of paths per inode (hard links together), sorted.
 
-    Held as the scan's packed records and turned into `Copy` objects or path strings only when asked (and not
-    kept): 20k groups of dataclasses cost more memory than the whole scan (docs/storage_benchmark.md). The
-    records are put in path order (bytes) once, on first use.
+    Held as the scan's packed records (one per inode; an inode's other names in the scan's shared `links`) and
+    turned into `Copy` objects or path strings only when asked, never kept: 20k groups of dataclasses cost
+    more memory than the whole scan (docs/storage_benchmark.md). The records are put in path order once.
     """
 
-    __slots__ = ("_devs", "_dirs", "_ordered", "_recs", "digest", "size")
+    __slots__ = ("_devs", "_digest", "_dirs", "_links", "_ordered", "_recs", "size")
 
-    def __init__(self, size: int, digest: str, recs: list[list[bytes]], dirs: list[bytes], devs: list[int]) -> None:
+    def __init__(
+        self,
+        size: int,
+        digest: bytes,
+        recs: list[bytes],
+        dirs: list[bytes],
+        devs: list[int],
+        links: dict[bytes, list[bytes]],
+    ) -> None:
         self.size = size
-        self.digest = digest  # "blake3:<hex>" of the whole content
-        self._recs = recs
+        self._digest = digest  # BLAKE3 of the whole content, 32 bytes
+        self._recs = recs  # one record per inode
         self._dirs = dirs
         self._devs = devs
+        self._links = links  # record -> the inode's other names (hard links), for the few that have them
         self._ordered = False
+
+    @property
+    def digest(self) -> str:
+        return "blake3:" + self._digest.hex()
 
     def _sorted(self) -> list[list[tuple[bytes, bytes]]]:
         """(path, record) per name: names in path order within an inode, inodes by their first path."""
         dirs = self._dirs
+        links = self._links
         unpack = _REC.unpack_from
         skip = _REC.size
-        out = [sorted([(dirs[unpack(r)[2]] + b"/" + r[skip:], r) for r in ino]) for ino in self._recs]
+        out = [
+            (sorted([(dirs[unpack(r)[2]] + b"/" + r[skip:], r) for r in (rec, *links.get(rec, ()))]), rec)
+            for rec in self._recs
+        ]
         if not self._ordered:
             out.sort()
-            self._recs = [[r for _p, r in ino] for ino in out]
+            self._recs = [rec for _names, rec in out]  # the inode's record `links` knows, not its first name
             self._ordered = True
-        return out
+        return [names for names, _rec in out]
 
     @property
     def first(self) -> bytes:
@@ -89,18 +106,22 @@ class DupeGroup:
 
     @classmethod
     def of(cls, size: int, digest: str, copies: list[list[Copy]]) -> DupeGroup:
-        """A group made from paths (tests, callers with their own scan)."""
+        """A group made from paths (tests, callers with their own scan); `digest` is "blake3:<hex>"."""
         dirs: list[bytes] = []
         devs: list[int] = []
-        recs: list[list[bytes]] = []
+        recs: list[bytes] = []
+        links: dict[bytes, list[bytes]] = {}
         for ino in copies:
-            recs.append([])
+            names = []
             for c in ino:
                 d, name = os.path.split(os.fsencode(c.path))
                 dirs.append(d)
                 devs.append(c.dev)
-                recs[-1].append(_REC.pack(c.ino, c.mtime_ns, len(dirs) - 1) + name)
-        return cls(size, digest, recs, dirs, devs)
+                names.append(_REC.pack(c.ino, c.mtime_ns, len(dirs) - 1) + name)
+            recs.append(names[0])
+            if len(names) > 1:
+                links[names[0]] = names[1:]
+        return cls(size, bytes.fromhex(digest.removeprefix("blake3:")), recs, dirs, devs, links)
 
     @property
     def copies(self) -> list[list[Copy]]:
@@ -168,10 +189,11 @@ class DupesReport:
     def symlinks_skipped(self) -> int:
         return len(self.symlinks)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, groups: bool = True) -> dict[str, Any]:
+        """The report as JSON data; `groups=False` leaves "groups" None (the CLI writes them one by one)."""
         return {
             "roots": self.roots,
-            "groups": [g.to_json() for g in self.groups],
+            "groups": [g.to_json() for g in self.groups] if groups else None,
             "reclaimable_bytes": self.reclaimable_bytes,
             "files_scanned": self.files_scanned,
             "bytes_scanned": self.bytes_scanned,
@@ -417,9 +439,13 @@ def _bounded(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], jobs: Iterator[
 
 
 def _batches(items: list[tuple[int, list[bytes]]], per_batch: int) -> Iterator[list[tuple[int, list[bytes]]]]:
+    """`items` in batches of about `per_batch` records, taken out of `items` as they go: once a batch is
+    settled, the records of files that turned out unique are freed (and their memory reused) mid-scan."""
     batch: list[tuple[int, list[bytes]]] = []
     count = 0
-    for item in items:
+    items.reverse()
+    while items:
+        item = items.pop()
         batch.append(item)
         count += len(item[1])
         if count >= per_batch:
@@ -470,15 +496,15 @@ class _Grouper:
             if j in digests:
                 members.setdefault(j, []).append(rec)
         for j, recs_j in members.items():
-            self.groups.append(self._group(size, "blake3:" + digests[j].hex(), recs_j))
+            self.groups.append(self._group(size, digests[j], recs_j))
 
     def emit(self, size: int, buckets: dict[bytes, list[bytes]]) -> None:
         for digest, recs in buckets.items():
             if len(recs) > 1:
-                self.groups.append(self._group(size, "blake3:" + digest.hex(), recs))
+                self.groups.append(self._group(size, digest, recs))
 
-    def _group(self, size: int, digest: str, recs: list[bytes]) -> DupeGroup:
-        return DupeGroup(size, digest, [self.names(r) for r in recs], self.sc.dirs, self.sc.devs)
+    def _group(self, size: int, digest: bytes, recs: list[bytes]) -> DupeGroup:
+        return DupeGroup(size, digest, recs, self.sc.dirs, self.sc.devs, self.links)
 
 
 def find_duplicates(
