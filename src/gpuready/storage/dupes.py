@@ -1,10 +1,11 @@
 """Duplicate files: group by size, then by content, reading every byte of every candidate.
 
 Content is the only proof of equality. A name (a Hugging Face blob's sha256 file name, an etag) says what a
-file *should* hold, not what it holds: a corrupt blob keeps its name (issue 9). So every candidate of a size
-group is hashed in full (BLAKE3, 256 bits) before it is grouped; files up to `SMALL` bytes in one read, inline
-and in batches (no thread per small file: a pool task costs more than reading a 4 KiB file), larger ones after
-a head+tail filter, in a thread pool (the pipeline fclones, czkawka and jdupes share; reference/storage.md §1a).
+file *should* hold, not what it holds: a corrupt blob keeps its name (issue 9). So every byte of every
+candidate of a size group is read before it is grouped: files up to `SMALL` bytes in one read each, in batches
+on a small pool (no thread per small file: a pool task costs more than reading a 4 KiB file), compared byte for
+byte (only duplicates are hashed, to name their group); larger ones hashed in full (BLAKE3, 256 bits) after a
+head+tail filter, in a thread pool (the pipeline fclones, czkawka and jdupes share; reference/storage.md §1a).
 
 The scan keeps one packed record per file (inode, mtime_ns, folder index + name as bytes), so 200k
 files cost about as much memory as jdupes' C structures (docs/storage_benchmark.md).
