@@ -3,9 +3,10 @@
 Content is the only proof of equality. A name (a Hugging Face blob's sha256 file name, an etag) says what a
 file *should* hold, not what it holds: a corrupt blob keeps its name (issue 9). So every byte of every
 candidate of a size group is read before it is grouped: files up to `SMALL` bytes in one read each, in batches
-on a small pool (no thread per small file: a pool task costs more than reading a 4 KiB file), compared byte for
-byte (only duplicates are hashed, to name their group); larger ones hashed in full (BLAKE3, 256 bits) after a
-head+tail filter, in a thread pool (the pipeline fclones, czkawka and jdupes share; reference/storage.md §1a).
+in the scanning thread (no thread per small file: handing the interpreter lock around costs more than reading a
+4 KiB file), compared byte for byte (only duplicates are hashed, to name their group); larger ones hashed in
+full (BLAKE3, 256 bits) after a head+tail filter, in a thread pool (the pipeline fclones, czkawka and jdupes
+share; reference/storage.md §1a).
 
 The scan keeps one packed record per file (inode, mtime_ns, folder index + name as bytes), so 200k
 files cost about as much memory as jdupes' C structures (docs/storage_benchmark.md).
@@ -582,9 +583,13 @@ def _find_duplicates(
     total_small = sum(len(r) for _, r in small)
     done = 0
     with ThreadPoolExecutor(max_workers=n_workers) as pool:
-        # small files: read whole, inline, in batches of whole size groups
+        # small files: read whole, in batches of whole size groups, in this thread. Not on the pool: four short
+        # system calls a file hand the interpreter lock back and forth between threads, and on an idle 2-core
+        # machine two workers burned 17 s of CPU for 12 s of wall where one thread needs ~7 s for both
+        # (docs/storage_benchmark.md, 2026-12-01 01:18 UTC)
         hash_small = functools.partial(_hash_small, sc.dirs)
-        for batch, results in _bounded(pool, hash_small, _batches(small, _BATCH), 2 * n_workers):
+        for batch in _batches(small, _BATCH):
+            results = hash_small(batch)
             for (size, recs), (firsts, digests) in zip(batch, results, strict=True):
                 g.settle_small(size, recs, firsts, digests)
                 done += len(recs)
