@@ -2,6 +2,7 @@
 
     python benchmarks/storage_dupes.py --tree small [--files 200000] [--repeat 3] [--out FILE.md]
     python benchmarks/storage_dupes.py --tree mixed [--scale 1.0] [--repeat 3] [--out FILE.md]
+    ... [--baseline-src OLD/src]   # also run another checkout's gpuready (text output) in the same rounds
 
 Trees are seeded (every run builds the same bytes) and written under --dir (default /tmp/...), deleted after.
 - small: N files of 1-8 KB in folders of 1000, every tenth a copy of an earlier file (issue 9's case).
@@ -128,7 +129,9 @@ def count_blank_separated(out: bytes) -> tuple[int, int]:
     return len(groups), sum(len(g.strip().splitlines()) - 1 for g in groups)
 
 
-def tools(root: Path, work: Path) -> list[tuple[str, list[str], Callable[[bytes], tuple[int, int]]]]:
+def tools(
+    root: Path, work: Path, baseline_src: str | None = None
+) -> list[tuple[str, list[str], Callable[[bytes], tuple[int, int]]]]:
     repo = Path(__file__).resolve().parents[1]
     gr = [sys.executable, "-m", "gpuready", "storage", "dupes", str(root)]
 
@@ -149,6 +152,8 @@ def tools(root: Path, work: Path) -> list[tuple[str, list[str], Callable[[bytes]
         ("gpuready storage dupes (text)", gr, from_text),
         ("gpuready storage dupes --json", [*gr, "--json"], from_json),
     ]
+    if baseline_src:  # the same command from another checkout (before/after a change), same rounds
+        out.append(("gpuready (baseline) storage dupes (text)", ["env", f"PYTHONPATH={baseline_src}", *gr], from_text))
     if shutil.which("jdupes"):
         out.append(("jdupes -r -q", ["jdupes", "-r", "-q", str(root)], count_blank_separated))
     if shutil.which("rdfind"):
@@ -230,6 +235,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", default="/tmp/gpuready-dupes-bench")
     ap.add_argument("--out", default=None, help="write the markdown section here")
+    ap.add_argument("--baseline-src", default=None, help="also time gpuready from this src/ folder (text output)")
     ap.add_argument("--hashing", action="store_true", help="also measure hashing throughput (needs 1 GiB)")
     ap.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -249,7 +255,7 @@ def main() -> int:
     found: dict[str, tuple[int, int]] = {}
     load = [os.getloadavg()[0]]
     try:
-        candidates = tools(tree, work)
+        candidates = tools(tree, work, args.baseline_src and str(Path(args.baseline_src).resolve()))
         for _name, argv, _count in candidates:  # one untimed run each: every tool starts warm
             measured(argv, env)
         for _ in range(args.repeat):
@@ -266,6 +272,8 @@ def main() -> int:
     cmd = f"python benchmarks/storage_dupes.py --tree {args.tree} "
     cmd += f"--files {args.files}" if args.tree == "small" else f"--scale {args.scale:g}"
     cmd += f" --repeat {args.repeat}"
+    if args.baseline_src:
+        cmd += " --baseline-src OLD/src"
     lines = [
         f"## Tree `{args.tree}`",
         "",

@@ -1,5 +1,6 @@
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,28 @@ def test_manifest_verify_takes_dir_as_an_argument(tmp_path: Path, capsys: pytest
     data = json.loads(capsys.readouterr().out)
     assert data["ok"] and data["root"] == str(root) and data["recorded_root"] == str(root.resolve())
     assert main(["manifest", "verify", str(out), str(root), "--root", str(tmp_path)]) == 2
+
+
+@pytest.mark.parametrize("n_groups", [0, 1, 3])
+def test_dupes_json_is_written_group_by_group_as_the_same_document(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], n_groups: int
+) -> None:
+    from gpuready.cli.storage import write_json_streaming
+    from gpuready.storage.dupes import find_duplicates, make_plan
+
+    from .conftest import ODD_NAMES
+
+    root = tmp_path / 'x"groups": null'  # the key's own text inside a path never splits the document
+    root.mkdir()
+    for g in range(n_groups):
+        body = os.urandom(100 + g)
+        for name in ODD_NAMES[: 2 + g]:
+            with open(os.path.join(os.fsencode(root), name + str(g).encode()), "wb") as fh:
+                fh.write(body)
+    report = find_duplicates([root])
+    assert len(report.groups) == n_groups
+    data = report.to_json(groups=False)
+    data["plan"] = make_plan(report, "hardlink").to_json()
+    write_json_streaming(sys.stdout, data, "groups", (g.to_json() for g in report.groups))
+    whole = {**report.to_json(), "plan": data["plan"]}
+    assert capsys.readouterr().out == json.dumps(whole, indent=2) + "\n"

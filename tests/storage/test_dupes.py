@@ -124,3 +124,17 @@ def test_walk_counts_a_folder_it_cannot_list_and_goes_on(tmp_path: Path) -> None
     files = [e.rel for e in walk_files([tmp_path], stats, scandir=scandir)]
     assert files == ["ok/f"]
     assert stats.unreadable_dirs == [str(tmp_path / "locked")]
+
+
+def test_small_files_sharing_their_first_bytes_are_told_apart_by_every_byte(tmp_path: Path) -> None:
+    # small files are first keyed by their head; same size and same head must still compare the whole content
+    base = bytearray(os.urandom(5000))
+    last, middle = bytearray(base), bytearray(base)
+    last[-1] ^= 1
+    middle[2500] ^= 1
+    for name, data in (("a", base), ("b", last), ("c", base), ("d", middle), ("e", last), ("f", base)):
+        _write(tmp_path / name, bytes(data))
+    _write(tmp_path / "g", bytes(middle[:100]) + b"x" * 4900)  # same size, same first 100 bytes, unique
+    r = find_duplicates([tmp_path])
+    assert sorted([Path(p).name for p in g.paths] for g in r.groups) == [["a", "c", "f"], ["b", "e"]]
+    assert r.bytes_read == 7 * 5000 and not r.changed_files

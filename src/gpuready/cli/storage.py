@@ -244,6 +244,22 @@ def shown(path: str) -> str:
     return "".join(out)
 
 
+def write_json_streaming(out: Any, data: dict[str, Any], key: str, items: Iterator[dict[str, Any]]) -> None:
+    """`print_json(data)` with the list `data[key]` (None in `data`) written item by item from `items`: the same
+    text, without holding the whole document (200k files, 20k groups: 116 MB of peak memory before)."""
+    import json
+
+    text = json.dumps(data, indent=2, default=str)
+    # at the top level and never inside a string (a quote in a string is escaped)
+    head, tail = text.split(f'\n  "{key}": null', 1)
+    out.write(f'{head}\n  "{key}": [')
+    sep = "\n    "
+    for item in items:
+        out.write(sep + json.dumps(item, indent=2, default=str).replace("\n", "\n    "))
+        sep = ",\n    "
+    out.write(("\n  ]" if sep != "\n    " else "]") + tail + "\n")
+
+
 def dupes_cmd(
     paths: Annotated[list[str], typer.Argument(help="folders or files to scan")],
     min_size: Annotated[str, typer.Option(help="ignore files smaller than this")] = "1",
@@ -270,16 +286,16 @@ def dupes_cmd(
     plan = make_plan(report, "remove" if remove else "hardlink") if (remove or hardlink) else None
     applied = apply_plan(plan) if plan is not None and yes and not dry_run else None
     if json_out:
-        data = report.to_json()
+        data = report.to_json(groups=False)
         if plan is not None:
             data["plan"] = plan.to_json()
             data["applied"] = applied.to_json() if applied else None
-        print_json(data)
+        write_json_streaming(sys.stdout, data, "groups", (g.to_json() for g in report.groups))
         return
     # plain writes: rich's per-line rendering cost ~0.1 ms a line, slower than the scan on 200k files
     out = sys.stdout
     for g in report.groups:
-        out.write(f"{format_bytes(g.size)} x {len(g.copies)} copies ({g.digest[:19]}...)\n")
+        out.write(f"{format_bytes(g.size)} x {g.n_inodes} copies ({g.digest[:19]}...)\n")
         for p in g.paths:
             out.write(f"  {shown(p)}\n")
     out.write(

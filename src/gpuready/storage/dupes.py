@@ -1,10 +1,12 @@
 """Duplicate files: group by size, then by content, reading every byte of every candidate.
 
 Content is the only proof of equality. A name (a Hugging Face blob's sha256 file name, an etag) says what a
-file *should* hold, not what it holds: a corrupt blob keeps its name (issue 9). So every candidate of a size
-group is hashed in full (BLAKE3, 256 bits) before it is grouped; files up to `SMALL` bytes in one read, inline
-and in batches (no thread per small file: a pool task costs more than reading a 4 KiB file), larger ones after
-a head+tail filter, in a thread pool (the pipeline fclones, czkawka and jdupes share; reference/storage.md §1a).
+file *should* hold, not what it holds: a corrupt blob keeps its name (issue 9). So every byte of every
+candidate of a size group is read before it is grouped: files up to `SMALL` bytes in one read each, in batches
+in the scanning thread (no thread per small file: handing the interpreter lock around costs more than reading a
+4 KiB file), compared byte for byte (only duplicates are hashed, to name their group); larger ones hashed in
+full (BLAKE3, 256 bits) after a head+tail filter, in a thread pool (the pipeline fclones, czkawka and jdupes
+share; reference/storage.md §1a).
 
 The scan keeps one packed record per file (inode, mtime_ns, folder index + name as bytes), so 200k
 files cost about as much memory as jdupes' C structures (docs/storage_benchmark.md).
@@ -17,9 +19,11 @@ and acts atomically (a hard link under a temporary name in the same folder, rena
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import stat
 import struct
+import sys
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterator, Sequence
@@ -34,7 +38,9 @@ Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 SMALL = 64 * 1024  # up to this size a file is read whole in one call and hashed inline (batches)
 _BATCH = 512  # small files per pool task
+_KEY = 64  # small files of one size are told apart by their first bytes, then by every byte
 _REC = struct.Struct("=QqI")  # ino, mtime_ns, folder index; the name's bytes follow (device: per folder)
+_FS_ENC, _FS_ERR = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()  # what os.fsdecode uses
 RECHECK_AFTER_S = 3.0  # a plan applied later than this after the scan re-hashes both copies first
 
 
@@ -52,58 +58,91 @@ class Copy:
 class DupeGroup:
     """Files with identical content, one list of paths per inode (hard links together), sorted.
 
-    Held as the scan's packed records and turned into `Copy` objects only when asked: 20k groups of
-    dataclasses cost more memory than the whole scan (docs/storage_benchmark.md).
+    Held as the scan's packed records (one per inode; an inode's other names in the scan's shared `links`) and
+    turned into `Copy` objects or path strings only when asked, never kept: 20k groups of dataclasses cost
+    more memory than the whole scan (docs/storage_benchmark.md). The records are put in path order once.
     """
 
-    __slots__ = ("_devs", "_dirs", "_recs", "digest", "size")
+    __slots__ = ("_devs", "_digest", "_dirs", "_links", "_ordered", "_recs", "size")
 
-    def __init__(self, size: int, digest: str, recs: list[list[bytes]], dirs: list[bytes], devs: list[int]) -> None:
+    def __init__(
+        self,
+        size: int,
+        digest: bytes,
+        recs: list[bytes],
+        dirs: list[bytes],
+        devs: list[int],
+        links: dict[bytes, list[bytes]],
+    ) -> None:
         self.size = size
-        self.digest = digest  # "blake3:<hex>" of the whole content
-        self._recs = recs
+        self._digest = digest  # BLAKE3 of the whole content, 32 bytes
+        self._recs = recs  # one record per inode
         self._dirs = dirs
         self._devs = devs
+        self._links = links  # record -> the inode's other names (hard links), for the few that have them
+        self._ordered = False
+
+    @property
+    def digest(self) -> str:
+        return "blake3:" + self._digest.hex()
+
+    def _sorted(self) -> list[list[tuple[bytes, bytes]]]:
+        """(path, record) per name: names in path order within an inode, inodes by their first path."""
+        dirs = self._dirs
+        links = self._links
+        unpack = _REC.unpack_from
+        skip = _REC.size
+        out = [
+            (sorted([(dirs[unpack(r)[2]] + b"/" + r[skip:], r) for r in (rec, *links.get(rec, ()))]), rec)
+            for rec in self._recs
+        ]
+        if not self._ordered:
+            out.sort()
+            self._recs = [rec for _names, rec in out]  # the inode's record `links` knows, not its first name
+            self._ordered = True
+        return [names for names, _rec in out]
 
     @property
     def first(self) -> bytes:
-        return min(_rec_path(self._dirs, r) for ino in self._recs for r in ino)
+        return self._sorted()[0][0][0]
 
     @classmethod
     def of(cls, size: int, digest: str, copies: list[list[Copy]]) -> DupeGroup:
-        """A group made from paths (tests, callers with their own scan)."""
+        """A group made from paths (tests, callers with their own scan); `digest` is "blake3:<hex>"."""
         dirs: list[bytes] = []
         devs: list[int] = []
-        recs: list[list[bytes]] = []
+        recs: list[bytes] = []
+        links: dict[bytes, list[bytes]] = {}
         for ino in copies:
-            recs.append([])
+            names = []
             for c in ino:
                 d, name = os.path.split(os.fsencode(c.path))
                 dirs.append(d)
                 devs.append(c.dev)
-                recs[-1].append(_REC.pack(c.ino, c.mtime_ns, len(dirs) - 1) + name)
-        return cls(size, digest, recs, dirs, devs)
+                names.append(_REC.pack(c.ino, c.mtime_ns, len(dirs) - 1) + name)
+            recs.append(names[0])
+            if len(names) > 1:
+                links[names[0]] = names[1:]
+        return cls(size, bytes.fromhex(digest.removeprefix("blake3:")), recs, dirs, devs, links)
 
     @property
     def copies(self) -> list[list[Copy]]:
         out = []
-        for ino in self._recs:
+        for ino in self._sorted():
             cs = []
-            for r in ino:
+            for path, r in ino:
                 i, mtime, d = _REC.unpack_from(r)
-                cs.append(Copy(os.fsdecode(_rec_path(self._dirs, r)), self._devs[d], i, self.size, mtime))
-            cs.sort(key=lambda c: c.path)
+                cs.append(Copy(path.decode(_FS_ENC, _FS_ERR), self._devs[d], i, self.size, mtime))
             out.append(cs)
-        out.sort(key=lambda ino: ino[0].path)
         return out
 
     @property
     def inodes(self) -> list[list[str]]:
-        return [[c.path for c in ino] for ino in self.copies]
+        return [[path.decode(_FS_ENC, _FS_ERR) for path, _r in ino] for ino in self._sorted()]
 
     @property
     def paths(self) -> list[str]:
-        return [c.path for ino in self.copies for c in ino]
+        return [path.decode(_FS_ENC, _FS_ERR) for ino in self._sorted() for path, _r in ino]
 
     @property
     def reclaimable_bytes(self) -> int:  # size x (distinct inodes - 1); hard links already share their bytes
@@ -152,10 +191,11 @@ class DupesReport:
     def symlinks_skipped(self) -> int:
         return len(self.symlinks)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, groups: bool = True) -> dict[str, Any]:
+        """The report as JSON data; `groups=False` leaves "groups" None (the CLI writes them one by one)."""
         return {
             "roots": self.roots,
-            "groups": [g.to_json() for g in self.groups],
+            "groups": [g.to_json() for g in self.groups] if groups else None,
             "reclaimable_bytes": self.reclaimable_bytes,
             "files_scanned": self.files_scanned,
             "bytes_scanned": self.bytes_scanned,
@@ -300,9 +340,10 @@ def _hash_small(dirs: list[bytes], batch: list[tuple[int, list[bytes]]]) -> list
     """Whole small files, one read each, grouped by their bytes; a batch is a list of (size, records).
 
     Per size group: for each file the index of the first file with the same bytes (itself if none), or why it
-    has none; and the BLAKE3 digest of each content held by two files or more. The bytes themselves are the
-    dict key, so equality is decided by comparing every byte (as jdupes does), not by a digest, and only
-    duplicates are hashed (a digest names the group in the report).
+    has none; and the BLAKE3 digest of each content held by two files or more. Files are keyed by their first
+    `_KEY` bytes, and those that share them by their whole content, so equality is decided by comparing
+    every byte (as jdupes does), not by a digest, and only duplicates are hashed (a digest names the group
+    in the report).
 
     A file is "changed" unless, after the read, it is still the one the scan listed (size, mtime_ns, inode):
     one fstat per file is the cheapest proof that the bytes compared are the bytes listed. The loop is
@@ -315,7 +356,9 @@ def _hash_small(dirs: list[bytes], batch: list[tuple[int, list[bytes]]]) -> list
     for size, recs in batch:
         firsts: list[int | str] = []
         put = firsts.append
-        seen: dict[bytes, int] = {}
+        heads: dict[bytes, int] = {}  # first _KEY bytes -> the first file that starts so
+        seen: dict[bytes, dict[bytes, int]] = {}  # first _KEY bytes -> whole content -> its first file
+        datas: dict[int, bytes] = {}  # content of each file first with its head, until a second one shows
         counted: dict[int, bytes] = {}
         for i, rec in enumerate(recs):
             ino, mtime_ns, idx = unpack(rec)
@@ -346,10 +389,20 @@ def _hash_small(dirs: list[bytes], batch: list[tuple[int, list[bytes]]]) -> list
                 except OSError:
                     put(_UNREADABLE)
                     continue
-            j = seen.setdefault(data, i)
+            # Files of one size mostly differ in their first bytes: a dict keyed by those is cheap (hashing
+            # the whole content costs ~2.5 us a 4 KiB file); only files that share them are keyed by every byte.
+            head = data[:_KEY]
+            j = heads.setdefault(head, i)
+            if j == i:
+                datas[i] = data
+            else:
+                same = seen.get(head)
+                if same is None:
+                    same = seen[head] = {datas[j]: j}
+                j = same.setdefault(data, i)
+                if j != i and j not in counted:
+                    counted[j] = data
             put(j)
-            if j != i and j not in counted:
-                counted[j] = data
         out.append((firsts, {j: b3(data, max_threads=1).digest() for j, data in counted.items()}))
     return out
 
@@ -388,9 +441,13 @@ def _bounded(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], jobs: Iterator[
 
 
 def _batches(items: list[tuple[int, list[bytes]]], per_batch: int) -> Iterator[list[tuple[int, list[bytes]]]]:
+    """`items` in batches of about `per_batch` records, taken out of `items` as they go: once a batch is
+    settled, the records of files that turned out unique are freed (and their memory reused) mid-scan."""
     batch: list[tuple[int, list[bytes]]] = []
     count = 0
-    for item in items:
+    items.reverse()
+    while items:
+        item = items.pop()
         batch.append(item)
         count += len(item[1])
         if count >= per_batch:
@@ -441,15 +498,15 @@ class _Grouper:
             if j in digests:
                 members.setdefault(j, []).append(rec)
         for j, recs_j in members.items():
-            self.groups.append(self._group(size, "blake3:" + digests[j].hex(), recs_j))
+            self.groups.append(self._group(size, digests[j], recs_j))
 
     def emit(self, size: int, buckets: dict[bytes, list[bytes]]) -> None:
         for digest, recs in buckets.items():
             if len(recs) > 1:
-                self.groups.append(self._group(size, "blake3:" + digest.hex(), recs))
+                self.groups.append(self._group(size, digest, recs))
 
-    def _group(self, size: int, digest: str, recs: list[bytes]) -> DupeGroup:
-        return DupeGroup(size, digest, [self.names(r) for r in recs], self.sc.dirs, self.sc.devs)
+    def _group(self, size: int, digest: bytes, recs: list[bytes]) -> DupeGroup:
+        return DupeGroup(size, digest, recs, self.sc.dirs, self.sc.devs, self.links)
 
 
 def find_duplicates(
@@ -459,7 +516,22 @@ def find_duplicates(
     workers: int | None = None,
     progress: Progress | None = None,
 ) -> DupesReport:
-    """Find groups of identical files under `roots`; every byte of every candidate is hashed (BLAKE3)."""
+    """Find groups of identical files under `roots`; every byte of every candidate is read and compared."""
+    # The scan allocates a few objects per file and frees almost none of them until it ends, so the cyclic
+    # garbage collector's passes find nothing and cost ~5% of the CPU time on 200k files; it is paused
+    # meanwhile (reference counting still frees everything that is not a cycle) and restored after.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _find_duplicates(roots, min_size=min_size, workers=workers, progress=progress)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _find_duplicates(
+    roots: Sequence[str | os.PathLike[str]], *, min_size: int, workers: int | None, progress: Progress | None
+) -> DupesReport:
     if not roots:
         raise InputError("PATH", "give at least one folder or file to scan")
     for r in roots:
@@ -484,7 +556,10 @@ def find_duplicates(
     for size, recs in sc.by_size.items():
         if len(recs) < 2:
             continue
-        ids = {(unpack(rec)[0], devs[unpack(rec)[2]]) for rec in recs}  # (inode, device)
+        if len({rec[:8] for rec in recs}) == len(recs):  # distinct inode numbers: distinct files, the common case
+            (small if size <= SMALL else large).append((size, recs))
+            continue
+        ids = {(ino, devs[idx]) for ino, _mtime, idx in map(unpack, recs)}  # (inode, device)
         if len(ids) < 2:
             continue
         if len(ids) < len(recs):
@@ -508,9 +583,13 @@ def find_duplicates(
     total_small = sum(len(r) for _, r in small)
     done = 0
     with ThreadPoolExecutor(max_workers=n_workers) as pool:
-        # small files: read whole, inline, in batches of whole size groups
+        # small files: read whole, in batches of whole size groups, in this thread. Not on the pool: four short
+        # system calls a file hand the interpreter lock back and forth between threads, and on an idle 2-core
+        # machine two workers burned 17 s of CPU for 12 s of wall where one thread needs ~7 s for both
+        # (docs/storage_benchmark.md, 2026-12-01 01:18 UTC)
         hash_small = functools.partial(_hash_small, sc.dirs)
-        for batch, results in _bounded(pool, hash_small, _batches(small, _BATCH), 2 * n_workers):
+        for batch in _batches(small, _BATCH):
+            results = hash_small(batch)
             for (size, recs), (firsts, digests) in zip(batch, results, strict=True):
                 g.settle_small(size, recs, firsts, digests)
                 done += len(recs)
