@@ -158,7 +158,11 @@ def _hf_forward(prog: Program, spec: ModelSpec, w: Workload) -> list[tuple[int, 
     x = prog.alloc("activations", T * h * r)  # [CLS +] patches + positions
     for _ in range(int(cfg["num_layers"])):
         save(T * h * r, T * h * r)  # layer norm 1 input
-        save(th, 0, 3 * h * h * dt.param)  # q/k/v input
+        if dt.autocast:  # the fp32 layer-norm output is cast to bf16 once per Linear (q, k, v): three copies kept
+            for _cast in range(3):
+                save(th, 0, h * h * dt.param)
+        else:
+            save(th, 0, 3 * h * h * dt.param)  # q/k/v input
         for _qkv in range(3):
             save(th, th)  # q, k, v: kept by the attention kernel
         # the kernel's output, laid out (B, N, heads, head_dim): transpose(1, 2).contiguous() makes no copy, and
