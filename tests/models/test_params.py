@@ -10,8 +10,11 @@ import pytest
 
 from gpuready.errors import InputError
 from gpuready.models import find_preset, load_presets, resolve_model
+from gpuready.models.spec import VISION_TYPES
+from gpuready.models.vision import build_transformers_vision, is_transformers_vision
 
-LM_PRESETS = [p.name for p in load_presets() if p.config["model_type"] not in ("resnet", "vit")]
+LM_PRESETS = [p.name for p in load_presets() if p.config["model_type"] not in VISION_TYPES]
+HF_VISION_PRESETS = [p.name for p in load_presets() if is_transformers_vision(p.config)]
 
 # torchvision's published parameter counts (the "num_params" of each weights enum, torchvision docs
 # https://pytorch.org/vision/stable/models.html); torchvision itself does not import beside the CPU torch
@@ -42,6 +45,23 @@ def test_language_model_params_match_transformers(name: str) -> None:
     preset = find_preset(name)
     assert preset is not None
     assert resolve_model(name).params == _meta_count(preset.config)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("name", HF_VISION_PRESETS)
+def test_transformers_vision_params_match_the_model_the_probe_builds(name: str) -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    preset = find_preset(name)
+    assert preset is not None
+    with torch.device("meta"):
+        model = build_transformers_vision(transformers, preset.config, torch.float32)
+    assert resolve_model(name).params == sum(p.numel() for p in model.parameters())
+
+
+def test_transformers_vision_presets_cover_vit_dinov2_and_siglip() -> None:
+    types = {find_preset(n).config["model_type"] for n in HF_VISION_PRESETS}  # type: ignore[union-attr]
+    assert types == {"vit", "dinov2", "siglip_vision_model"}
 
 
 @pytest.mark.parametrize(("name", "published"), sorted(TORCHVISION_PARAMS.items()))

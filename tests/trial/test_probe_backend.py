@@ -180,3 +180,28 @@ def test_memory_history_is_written_compactly_and_replays(tmp_path: Path, monkeyp
     replayed = replay_history(doc, "gpu")
     assert replayed.model_peak_reserved_bytes == 20 * 2**20
     assert replayed.trace_peak_allocated_bytes == 3 * 2**20
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("name", ["vit-base-patch16-224", "dinov2-base", "siglip-base-patch16-224-vision"])
+def test_probe_builds_transformers_vision_models_and_trains_them_on_pixel_values(name: str) -> None:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from types import SimpleNamespace
+
+    from gpuready.trial import probe
+
+    spec = probe_spec(make_workload(model=name, precision="bf16", batch=2, image_size=32))
+    assert spec["kind"] == "vision" and spec["config"]["model_type"] in ("vit", "dinov2", "siglip_vision_model")
+    # the probe builds on "cuda": a CPU stand-in for the device, the real torch otherwise
+    dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+    fake = SimpleNamespace(device=lambda _name: torch.device("cpu"), **dtypes)
+    small = {**spec, "config": {**spec["config"], "num_hidden_layers": 1}}
+    model = probe._build_vision(fake, small)
+    assert next(model.parameters()).dtype == torch.bfloat16
+    x = torch.randn(2, 3, 32, 32, dtype=torch.bfloat16)  # not the config's size: positions interpolated
+    loss = probe._vision_loss(torch, model, x, torch.tensor([0, 999]), small)
+    loss.backward()
+    unused = {"embeddings.mask_token", "dinov2.embeddings.mask_token"}  # DINOv2's, for masked pre-training only
+    missing = [n for n, p in model.named_parameters() if p.grad is None and n not in unused]
+    assert loss.ndim == 0 and not missing

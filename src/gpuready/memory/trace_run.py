@@ -13,6 +13,9 @@ from typing import Any
 from gpuready.errors import InputError
 from gpuready.memory.trace_record import Trace, TraceUnavailable, as_on_cuda, import_torch, make_recorder
 from gpuready.models import find_preset, resolve_model
+from gpuready.models.spec import VISION_TYPES
+from gpuready.models.vision import build_transformers_vision, is_transformers_vision
+from gpuready.trial.probe import _vision_forward, _vision_loss
 from gpuready.workload import Workload
 
 TRAIN_STEPS = 3  # as the calibration jobs (README.md): optimizer states exist from the first step on
@@ -43,6 +46,11 @@ def _config_dict(model: str) -> dict[str, Any]:
 def _build_on_meta(torch: Any, transformers: Any, cfg: dict[str, Any], w: Workload) -> Any:
     dtype = getattr(torch, _DTYPES[w.precision])
     cfg = dict(cfg)
+    if is_transformers_vision(cfg):
+        # as the probe builds it: the job's weight dtype, SDPA, left in the mode from_config gives
+        weights = dtype if w.precision in ("bf16", "fp16") else torch.float32
+        with torch.device("meta"):
+            return build_transformers_vision(transformers, cfg, weights)
     model_type = cfg.pop("model_type")
     if model_type in ("resnet", "vit"):
         return _build_vision(torch, {**cfg, "image_size": w.image_size}, model_type)
@@ -141,7 +149,7 @@ def run_trace(w: Workload, decode_steps: int = DECODE_STEPS_TRACED) -> _Job:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     cfg = _config_dict(w.model)
-    vision = cfg.get("model_type") in ("resnet", "vit")
+    vision = cfg.get("model_type") in VISION_TYPES
     model = _build_on_meta(torch, transformers, cfg, w)
     seen: set[int] = set()
     params = trainable = 0
@@ -163,7 +171,7 @@ def run_trace(w: Workload, decode_steps: int = DECODE_STEPS_TRACED) -> _Job:
             if w.training:
                 _train(torch, model, w, trace, recorder, vision, cfg)
             elif vision:
-                model = _infer_vision(torch, model, w, trace)
+                model = _infer_vision(torch, model, w, trace, cfg)
             else:
                 _infer(torch, model, w, trace, recorder, decode_steps)
     finally:
@@ -183,8 +191,13 @@ def _train(torch: Any, model: Any, w: Workload, trace: Trace, recorder: Any, vis
     else:
         raise InputError("--optim", f"{w.optim} is not traced; allowed with --trace: adamw, sgd, adafactor")
     if vision:
-        x = torch.empty((w.batch, 3, w.image_size, w.image_size))
-        y = torch.empty((w.batch,), dtype=torch.long)
+        # the probe's images: in the weights' dtype for transformers' models built in bf16/fp16
+        half = is_transformers_vision(cfg) and w.precision in ("bf16", "fp16")
+        x = torch.empty(
+            (w.batch, 3, w.image_size, w.image_size),
+            dtype=getattr(torch, _DTYPES[w.precision]) if half else torch.float32,
+        )
+        y = torch.zeros((w.batch,), dtype=torch.long)
     else:
         ids = torch.empty((w.batch, w.seq), dtype=torch.long)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if w.precision == "mixed" else nullcontext()
@@ -195,7 +208,7 @@ def _train(torch: Any, model: Any, w: Workload, trace: Trace, recorder: Any, vis
             trace.mark("forward", "activations")
             with autocast:
                 if vision:
-                    loss = torch.nn.functional.cross_entropy(model(x), y)
+                    loss = _vision_loss(torch, model, x, y, {"config": cfg})
                 else:
                     loss = model(input_ids=ids, labels=ids, use_cache=False).loss
             trace.mark("backward", "activations")
@@ -234,10 +247,11 @@ def _convert(module: Any, dtype: Any) -> None:
         del b
 
 
-def _infer_vision(torch: Any, model: Any, w: Workload, trace: Trace) -> Any:
+def _infer_vision(torch: Any, model: Any, w: Workload, trace: Trace, cfg: dict[str, Any]) -> Any:
     """A torchvision classifier as the trial's probe runs it: built in fp32 (left in train mode), converted with
     `model.to(dtype)` for bf16/fp16, then two forward passes under torch.no_grad()."""
-    if w.precision in ("bf16", "fp16"):
+    hf = is_transformers_vision(cfg)
+    if w.precision in ("bf16", "fp16") and not hf:  # transformers' models are built in the dtype
         _convert(model, getattr(torch, _DTYPES[w.precision]))
     trace.mark("load", "other")
     dtype = getattr(torch, _DTYPES[w.precision]) if w.precision in ("bf16", "fp16") else torch.float32
@@ -247,7 +261,7 @@ def _infer_vision(torch: Any, model: Any, w: Workload, trace: Trace) -> Any:
         for _ in range(2):
             trace.mark("forward", "activations")
             with autocast:
-                out = model(x)
+                out = _vision_forward(torch, model, x, {"config": cfg})
             del out
     return model
 

@@ -1,4 +1,4 @@
-"""torchvision image classifiers (ResNet, ViT) in training or inference, as a program of GPU allocations.
+"""torchvision's ResNet/ViT and transformers' ViT/DINOv2/SigLIP in training or inference, as GPU allocations.
 
 What is kept for backward follows PyTorch's autograd formulas and torchvision's model code: a convolution
 keeps its input, cuDNN batch norm keeps its input (the conv output), the in-place ReLU keeps its output, max
@@ -7,6 +7,8 @@ makes a contiguous copy of the packed q/k/v projection and of the attention outp
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from gpuready.memory.ddp import DdpBuckets
 from gpuready.memory.dtypes import dtypes_for
@@ -128,6 +130,139 @@ def _vit_forward(prog: Program, spec: ModelSpec, w: Workload) -> list[tuple[int,
     return saved
 
 
+def _tokens(cfg: dict[str, Any], img: int) -> int:
+    return (img // int(cfg["patch_size"])) ** 2 + (1 if cfg.get("cls_token") else 0)
+
+
+def _hf_forward(prog: Program, spec: ModelSpec, w: Workload) -> list[tuple[int, int, int]]:
+    """transformers' ViTLayer / Dinov2Layer / SiglipEncoderLayer in training (modeling_vit.py, modeling_dinov2.py,
+    modeling_siglip.py): pre-norm blocks with separate q/k/v Linear layers, SDPA (flash on the H200: it keeps
+    q, k, v, its output and the log-sum-exp), the output projection, an MLP with GELU; DINOv2 scales both
+    branches by a learned vector (the multiply keeps its input). Under autocast, layer norms and residual adds
+    run in fp32 and every Linear keeps its bf16 input."""
+    dt = dtypes_for(w)
+    e, r = dt.act, dt.resid
+    cfg = spec.vision
+    B, img = w.batch, w.image_size
+    h, mlp, p, heads = (int(cfg[k]) for k in ("hidden_dim", "mlp_dim", "patch_size", "num_heads"))
+    n = _tokens(cfg, img)
+    T = B * n
+    th = T * h * e
+    saved: list[tuple[int, int, int]] = []
+
+    def save(nbytes: int, grad: int = 0, wgrad: int = 0) -> None:
+        saved.append((prog.alloc("activations", nbytes), grad, wgrad))
+
+    # the patch convolution keeps its input (the probe's images, or autocast's bf16 copy of them)
+    save(B * 3 * img * img * (2 if dt.autocast else e), 0, 3 * p * p * h * dt.param)
+    x = prog.alloc("activations", T * h * r)  # [CLS +] patches + positions
+    for _ in range(int(cfg["num_layers"])):
+        save(T * h * r, T * h * r)  # layer norm 1 input
+        if dt.autocast:  # the fp32 layer-norm output is cast to bf16 once per Linear (q, k, v): three copies kept
+            for _cast in range(3):
+                save(th, 0, h * h * dt.param)
+        else:
+            save(th, 0, 3 * h * h * dt.param)  # q/k/v input
+        for _qkv in range(3):
+            save(th, th)  # q, k, v: kept by the attention kernel
+        # the kernel's output, laid out (B, N, heads, head_dim): transpose(1, 2).contiguous() makes no copy, and
+        # the same tensor is the output projection's input
+        save(th, th, h * h * dt.param)
+        save(B * heads * n * 4)  # log-sum-exp
+        if cfg.get("layer_scale"):
+            save(th, th)  # output projection's result, kept by layer scale 1
+        save(T * h * r, T * h * r)  # layer norm 2 input
+        save(th, 0, h * mlp * dt.param)  # fc1 input
+        save(T * mlp * e, T * mlp * e)  # GELU input
+        save(T * mlp * e, T * mlp * e, mlp * h * dt.param)  # fc2 input
+        if cfg.get("layer_scale"):
+            save(th, th)  # fc2's result, kept by layer scale 2
+    save(T * h * r, T * h * r)  # final layer norm input
+    classes = int(cfg.get("num_classes", 0))
+    if cfg["head"] == "cls":  # the classifier reads the CLS token, a view that keeps the whole normed output
+        save(T * h * (4 if dt.autocast else e), 0, h * classes * dt.param)
+    elif cfg["head"] == "cls_mean":  # cat([CLS, mean of patches]): only the (B, 2h) input is kept
+        save(B * 2 * h * e, 0, 2 * h * classes * dt.param)
+    else:  # SigLIP's attention pooling: one probe query over every token (nn.MultiheadAttention)
+        save(T * h * (4 if dt.autocast else e), 0, 4 * h * h * dt.param)  # post-layernorm output
+        save(2 * th, 2 * th)  # k and v projections
+        save(B * h * e * 4, 0, 2 * h * mlp * dt.param)  # the pooled token through its layer norm and MLP
+        save(B * mlp * e * 2)
+    prog.free(x)
+    return saved
+
+
+def _hf_nograd(prog: Program, spec: ModelSpec, w: Workload, first: bool) -> None:
+    """The same blocks under torch.no_grad(): a layer's input lives until its second residual add is made."""
+    dt = dtypes_for(w)
+    e, r = dt.act, dt.resid
+    cfg = spec.vision
+    B, img = w.batch, w.image_size
+    h, mlp, p, heads = (int(cfg[k]) for k in ("hidden_dim", "mlp_dim", "patch_size", "num_heads"))
+    n = _tokens(cfg, img)
+    T = B * n
+    th = T * h * e
+    patches = (img // p) ** 2
+    cast = prog.alloc("activations", B * 3 * img * img * 2) if dt.autocast else 0
+    conv = prog.alloc("activations", B * patches * h * e)
+    prog.free(cast)
+    if cfg.get("cls_token"):
+        cat = prog.alloc("activations", T * h * r)
+        prog.free(conv)
+        conv = cat
+    x = prog.alloc("activations", T * h * r)  # + positions
+    prog.free(conv)
+    emb = x  # the embeddings' output: held by the model's forward until the encoder returns
+    for _ in range(int(cfg["num_layers"])):
+        ln1 = prog.alloc("activations", T * h * r)
+        qkv = [prog.alloc("activations", th) for _q in range(3)]
+        if first:  # the first cuBLAS matmul: its handle's workspace, kept
+            prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
+            first = False
+        attn = prog.alloc("activations", th)  # laid out (B, N, heads, head_dim): no copy for the projection
+        prog.transient("activations", B * heads * n * 4)  # log-sum-exp
+        out = prog.alloc("activations", th)
+        prog.free_all(qkv)
+        prog.free(attn)
+        prog.free(ln1)
+        if cfg.get("layer_scale"):
+            scaled = prog.alloc("activations", th)
+            prog.free(out)
+            out = scaled
+        x1 = prog.alloc("activations", T * h * r)
+        prog.free(out)
+        ln2 = prog.alloc("activations", T * h * r)
+        fc1 = prog.alloc("activations", T * mlp * e)
+        act = prog.alloc("activations", T * mlp * e)
+        prog.free(fc1)
+        fc2 = prog.alloc("activations", th)
+        prog.free(act)
+        prog.free(ln2)
+        if cfg.get("layer_scale"):
+            scaled = prog.alloc("activations", th)
+            prog.free(fc2)
+            fc2 = scaled
+        x2 = prog.alloc("activations", T * h * r)
+        prog.free(fc2)
+        prog.free(x1)
+        if x != emb:
+            prog.free(x)
+        x = x2
+    final = prog.alloc("activations", T * h * r)
+    if x != emb:
+        prog.free(x)
+    prog.free(emb)
+    if cfg["head"] == "attention_pool":
+        kv = prog.alloc("activations", 2 * th)
+        prog.transient("activations", B * mlp * e)
+        prog.free(kv)
+        out = prog.alloc("activations", B * h * e)
+    else:
+        out = prog.alloc("activations", B * int(cfg.get("num_classes", 1000)) * e)
+    prog.free(final)
+    prog.free(out)
+
+
 def _weights(prog: Program, spec: ModelSpec, w: Workload) -> list[Trainable]:
     dt = dtypes_for(w)
     # one allocation per parameter tensor would be exact; a handful of blocks per stage is enough here
@@ -193,6 +328,9 @@ def _module_tensors(spec: ModelSpec, image_size: int) -> tuple[list[int], list[i
 def _load_for_inference(prog: Program, spec: ModelSpec, w: Workload) -> None:
     """The probe builds the model in fp32 on the GPU, one tensor at a time, and for bf16/fp16 converts it with
     `model.to(dtype)`: each new 16-bit tensor is made before its fp32 one goes, and the fp32 blocks stay cached."""
+    if spec.vision.get("transformers"):  # built in the job's weight dtype, no conversion
+        prog.alloc("weights", spec.params * dtypes_for(w).param)
+        return
     built, applied = _module_tensors(spec, w.image_size)
     fp32 = [prog.alloc("weights", n * 4) for n in built]
     if w.precision not in ("bf16", "fp16"):
@@ -337,6 +475,8 @@ def _inference_program(spec: ModelSpec, w: Workload) -> Program:
         casts = prog.alloc("autocast_weight_copies", spec.params * 2) if dt.autocast else 0
         if spec.model_type == "resnet":
             _resnet_nograd(prog, spec, w, rep == 0)
+        elif spec.vision.get("transformers"):
+            _hf_nograd(prog, spec, w, rep == 0)
         else:
             _vit_nograd(prog, spec, w, rep == 0)
         prog.free(casts)
@@ -353,6 +493,8 @@ def vision_program(spec: ModelSpec, w: Workload) -> Program:
     dt = dtypes_for(w)
     trainable = _weights(prog, spec, w)
     forward = _resnet_forward if spec.model_type == "resnet" else _vit_forward
+    if spec.vision.get("transformers"):
+        forward = _hf_forward
     state: list[int] | None = None
     ddp = DdpBuckets(prog, spec.params * dt.param) if w.shard == "ddp" else None
     ready_order: list[int] = []
@@ -361,12 +503,17 @@ def vision_program(spec: ModelSpec, w: Workload) -> Program:
         if step == 1 and ddp:
             ddp.rebuild(ready_order)
         casts = prog.alloc("autocast_weight_copies", spec.params * 2) if dt.autocast else 0
+        hf_first = step == 0 and bool(spec.vision.get("transformers"))
+        if hf_first:  # the forward's cuBLAS handle workspace (the first Linear), kept
+            prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
         saved = forward(prog, spec, w)
         ready_order = [wgrad for _, _, wgrad in reversed(saved) if wgrad]
         logits = prog.alloc("logits_and_loss", w.batch * 1000 * 4)
         prog.set_phase("backward")
         grads: list[int] = []
         current = prog.alloc("activations", w.batch * 1000 * 4)
+        if hf_first:  # autograd's backward thread has a cuBLAS handle (and workspace) of its own
+            prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
         prog.free(logits)
         if step == 1 and ddp:
             ddp.release_first()

@@ -30,7 +30,7 @@ LM_TYPES = (
     "deepseek_v3",
     "gpt_neox",
 )
-VISION_TYPES = ("resnet", "vit")
+VISION_TYPES = ("resnet", "vit", "dinov2", "siglip_vision_model")
 
 
 @dataclass(frozen=True)

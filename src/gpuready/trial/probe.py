@@ -25,6 +25,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from gpuready.models.vision import build_transformers_vision, is_transformers_vision
+
 # Steps per job as calibration/README.md measures them; GPUREADY_PROBE_STEPS overrides (timing studies).
 LM_STEPS = int(os.environ.get("GPUREADY_PROBE_STEPS", "3"))
 VISION_STEPS = int(os.environ.get("GPUREADY_PROBE_STEPS", "4"))
@@ -84,10 +86,17 @@ def _build_lm(torch: Any, spec: dict[str, Any]) -> Any:
 
 
 def _build_vision(torch: Any, spec: dict[str, Any]) -> Any:
-    from torchvision.models import resnet, vision_transformer
-
     w = spec["workload"]
     cfg = spec["config"]
+    if is_transformers_vision(cfg):
+        import transformers
+
+        # random weights from the config, made on the GPU in the job's weight dtype (as the language models)
+        dtype = _dtype(torch, w["precision"]) if w["precision"] in ("bf16", "fp16") else torch.float32
+        with torch.device("cuda"):
+            return build_transformers_vision(transformers, cfg, dtype)
+    from torchvision.models import resnet, vision_transformer
+
     with torch.device("cuda"):
         if cfg["model_type"] == "resnet":
             block = resnet.Bottleneck if cfg["block"] == "bottleneck" else resnet.BasicBlock
@@ -106,6 +115,25 @@ def _build_vision(torch: Any, spec: dict[str, Any]) -> Any:
     if w["precision"] in ("bf16", "fp16"):
         model = model.to(_dtype(torch, w["precision"]))
     return model
+
+
+def _vision_forward(torch: Any, model: Any, x: Any, spec: dict[str, Any]) -> Any:
+    """The model's output for the images x: logits (a classifier), or SigLIP's pooled embedding."""
+    cfg = spec["config"]
+    if not is_transformers_vision(cfg):
+        return model(x)
+    kwargs: dict[str, Any] = {}
+    if cfg["model_type"] != "dinov2" and int(x.shape[-1]) != int(cfg.get("image_size", 224)):
+        kwargs["interpolate_pos_encoding"] = True  # DINOv2 interpolates by itself
+    out = model(pixel_values=x, **kwargs)
+    return out.pooler_output if cfg["model_type"] == "siglip_vision_model" else out.logits
+
+
+def _vision_loss(torch: Any, model: Any, x: Any, y: Any, spec: dict[str, Any]) -> Any:
+    out = _vision_forward(torch, model, x, spec)
+    if spec["config"]["model_type"] == "siglip_vision_model" and is_transformers_vision(spec["config"]):
+        return out.float().square().mean()  # an embedding model: no classes to score
+    return torch.nn.functional.cross_entropy(out, y)
 
 
 def _apply_lora(model: Any, spec: dict[str, Any]) -> Any:
@@ -232,7 +260,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
             size = int(w["image_size"])
             in_dtype = _dtype(torch, w["precision"]) if w["precision"] in ("bf16", "fp16") else torch.float32
             x = torch.randn(batch, 3, size, size, device="cuda", dtype=in_dtype)
-            y = torch.randint(0, 1000, (batch,), device="cuda")
+            classes = int(getattr(getattr(model, "config", None), "num_labels", 0) or 1000)
+            y = torch.randint(0, classes, (batch,), device="cuda")
             unit, per_step = "images/s", batch
             if training:
                 result["phase"] = "train"
@@ -241,7 +270,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
                 def step() -> None:
                     for _ in range(int(w["grad_accum"])):
                         with _autocast(torch, w["precision"]):
-                            loss = torch.nn.functional.cross_entropy(model(x), y)
+                            loss = _vision_loss(torch, model, x, y, spec)
                         loss.backward()  # type: ignore[no-untyped-call,unused-ignore]
                     opt.step()
                     opt.zero_grad(set_to_none=True)
@@ -253,7 +282,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
 
                 def step() -> None:
                     with torch.no_grad(), _autocast(torch, w["precision"]):
-                        model(x)
+                        _vision_forward(torch, model, x, spec)
 
                 count = 2
         else:
