@@ -393,9 +393,21 @@ def test_version_debug_and_completion_are_in_the_help(capsys: pytest.CaptureFixt
     assert run(capsys, "--version") == (0, f"gpuready {__version__}\n", "")
 
 
-def test_show_completion_prints_a_bash_script(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "--show-completion", "bash")
-    assert code == 0 and "_gpuready_completion" in out
+def test_show_completion_prints_a_bash_script() -> None:
+    # in a child process: in-process, the script's output went missing after some earlier tests in a few full
+    # runs (not reproduced alone); the child is what a user's shell runs
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuready", "--show-completion", "bash"],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0 and "_gpuready_completion" in done.stdout, done.stderr
 
 
 def test_a_bug_is_one_line_and_debug_shows_the_traceback(
