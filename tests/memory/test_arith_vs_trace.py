@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from benchmarks.arith_vs_trace import compare, jobs
+from benchmarks.arith_vs_trace import compare, jobs, vision_jobs
 
 QUICK = jobs(Path(tempfile.mkdtemp(prefix="gpuready-tiny-configs-")), quick=True)
 
@@ -39,4 +39,17 @@ def test_the_new_families_allocated_peak_agrees_with_the_trace(name: str, fields
     allocated, _reserved = compare(fields)
     # the shrunk family configs (benchmarks/arith_vs_trace.py --families; docs/arith_vs_trace.md) agree within
     # the base architectures' bound
+    assert abs(allocated) <= 0.08, f"{name}: arithmetic differs from the trace by {allocated:+.1%}"
+
+
+VISION = vision_jobs(Path(tempfile.mkdtemp(prefix="gpuready-tiny-vision-")), quick=False)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(("name", "fields"), VISION, ids=[n for n, _ in VISION])
+def test_transformers_vision_encoders_allocated_peak_agrees_with_the_trace(
+    name: str, fields: dict[str, object]
+) -> None:
+    allocated, _reserved = compare(fields)
+    # ViT, DINOv2 and SigLIP at 2 layers (benchmarks/arith_vs_trace.py --vision): the same bound
     assert abs(allocated) <= 0.08, f"{name}: arithmetic differs from the trace by {allocated:+.1%}"
