@@ -4,8 +4,10 @@ The traced mode runs the real transformers/peft code on fake tensors, so where t
 misses a mechanism. Small models keep each trace under a few seconds; the grid spans four architectures,
 full fine-tuning, LoRA and inference, bf16/fp32/mixed, checkpointing, two batch x sequence shapes.
 
-    python benchmarks/arith_vs_trace.py [--quick] [--families]     # prints a Markdown report
-    (--families: the families of issue 13, shrunk, instead of the four base architectures)
+    python benchmarks/arith_vs_trace.py [--quick] [--families | --vision]     # prints a Markdown report
+    (--families: the families of issue 13, shrunk, instead of the four base architectures; --vision: transformers'
+    ViT, DINOv2 and SigLIP vision presets at 2 layers, native image size, training bf16/mixed and inference;
+    --vision --full: five of those presets at full depth)
 """
 
 from __future__ import annotations
@@ -90,6 +92,51 @@ def jobs(folder: Path, quick: bool, families: bool = False) -> list[tuple[str, d
     return out
 
 
+# transformers' vision presets cut to 2 layers (models/data/presets.json), and the batch of each
+VISION = {"vit-base-patch16-224": 32, "dinov2-base": 8, "siglip-base-patch16-224-vision": 32}
+
+
+VISION_FULL = [
+    ("vit-base-patch16-224", "train", "bf16", 128),
+    ("dinov2-base", "infer", "bf16", 64),
+    ("siglip-base-patch16-224-vision", "train", "bf16", 64),
+    ("vit-large-patch16-224", "train", "mixed", 16),
+    ("siglip-so400m-patch14-384-vision", "infer", "bf16", 64),
+]
+
+
+def vision_jobs(folder: Path, quick: bool, full: bool = False) -> list[tuple[str, dict[str, object]]]:
+    from gpuready.models import find_preset
+
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    if full:
+        for name, task, prec, b in VISION_FULL:
+            preset = find_preset(name)
+            assert preset is not None
+            size = int(preset.config["image_size"])
+            job = {"model": name, "task": task, "precision": prec, "batch": b, "image_size": size}
+            out.append((f"{name} {task} {prec} b{b}", job))
+        return out
+    for name, batch in VISION.items():
+        preset = find_preset(name)
+        assert preset is not None
+        cfg = {**preset.config, "num_hidden_layers": 2}
+        path = folder / f"{name}.json"
+        path.write_text(json.dumps(cfg), encoding="utf-8")
+        for task, prec in [("train", "bf16"), ("train", "mixed"), ("infer", "bf16")][: 2 if quick else 3]:
+            b = batch if task == "train" else 2 * batch
+            fields: dict[str, object] = {
+                "model": str(path),
+                "task": task,
+                "precision": prec,
+                "batch": b,
+                "image_size": int(cfg["image_size"]),
+            }
+            out.append((f"{name} (2 layers) {task} {prec} b{b}", fields))
+    return out
+
+
 def compare(fields: dict[str, object]) -> tuple[float, float]:
     w = make_workload(**fields)
     a, t = estimate(w), trace_estimate(w)
@@ -99,6 +146,7 @@ def compare(fields: dict[str, object]) -> tuple[float, float]:
 def main(argv: list[str]) -> int:
     quick = "--quick" in argv
     families = "--families" in argv
+    vision = "--vision" in argv
     print("# Arithmetic estimate vs traced mode (CPU)\n")
     print(f"Date: {time.strftime('%Y-%m-%d')}. Machine: {platform.platform()}, Python {platform.python_version()}.")
     print(f"Command: `python benchmarks/arith_vs_trace.py {' '.join(argv)}`. Difference = arithmetic / traced - 1.\n")
@@ -106,7 +154,9 @@ def main(argv: list[str]) -> int:
     rows = []
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        for name, fields in jobs(Path(tmp), quick, families):
+        full = "--full" in argv
+        grid = vision_jobs(Path(tmp), quick, full) if vision else jobs(Path(tmp), quick, families)
+        for name, fields in grid:
             da, dr = compare(fields)
             rows.append((name, da, dr))
             print(f"| {name} | {da * 100:+.1f}% | {dr * 100:+.1f}% |", flush=True)

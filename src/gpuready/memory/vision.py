@@ -224,11 +224,16 @@ def _hf_nograd(prog: Program, spec: ModelSpec, w: Workload, first: bool) -> None
         out = prog.alloc("activations", th)
         prog.free_all(qkv)
         prog.free(attn)
-        prog.free(ln1)
+        held: list[int] = []
         if cfg.get("layer_scale"):
+            # transformers 5.17's Dinov2Layer.forward (what the H200 ran) keeps the norm's output and the scaled
+            # attention output in locals until the layer returns; 5.24's rewrite frees them (its trace does)
             scaled = prog.alloc("activations", th)
             prog.free(out)
-            out = scaled
+            held = [ln1, scaled]
+            out = 0
+        else:
+            prog.free(ln1)
         x1 = prog.alloc("activations", T * h * r)
         prog.free(out)
         ln2 = prog.alloc("activations", T * h * r)
@@ -245,6 +250,7 @@ def _hf_nograd(prog: Program, spec: ModelSpec, w: Workload, first: bool) -> None
         x2 = prog.alloc("activations", T * h * r)
         prog.free(fc2)
         prog.free(x1)
+        prog.free_all(held)
         if x != emb:
             prog.free(x)
         x = x2

@@ -19,12 +19,13 @@ class Preset:
     hub_id: str
     source: str
     config: dict[str, Any]
+    aliases: tuple[str, ...] = ()  # other names it answers to (names it had before)
 
 
 @functools.cache
 def load_presets() -> tuple[Preset, ...]:
     text = resources.files("gpuready.models").joinpath("data/presets.json").read_text(encoding="utf-8")
-    return tuple(Preset(**p) for p in json.loads(text)["presets"])
+    return tuple(Preset(**{**p, "aliases": tuple(p.get("aliases", ()))}) for p in json.loads(text)["presets"])
 
 
 @functools.cache
@@ -34,6 +35,8 @@ def _index() -> dict[str, Preset]:
         out[p.name.lower()] = p
         out[p.hub_id.lower()] = p
         out[p.hub_id.split("/")[-1].lower()] = p
+        for alias in p.aliases:
+            out[alias.lower()] = p
     return out
 
 

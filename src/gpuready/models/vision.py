@@ -142,8 +142,10 @@ def vision_spec(cfg: dict[str, Any], name: str, source: str) -> ModelSpec:
         if is_transformers_vision(cfg):
             shape = hf_vision_shape(cfg)
             params = hf_vision_params(shape)
+            # SigLIP's vision tower is shown as its family ("siglip"); its config keeps siglip_vision_model
+            family = "siglip" if mtype == "siglip_vision_model" else mtype
             return ModelSpec(
-                name=name, kind="vision", model_type=mtype, source=source, vision={**cfg, **shape}, params=params
+                name=name, kind="vision", model_type=family, source=source, vision={**cfg, **shape}, params=params
             )
         if mtype == "resnet":
             params = resnet_params(cfg["block"], list(cfg["layers"]), int(cfg.get("num_classes", 1000)))
