@@ -221,8 +221,16 @@ def _hf_nograd(prog: Program, spec: ModelSpec, w: Workload, first: bool) -> None
             first = False
         attn = prog.alloc("activations", th)  # laid out (B, N, heads, head_dim): no copy for the projection
         prog.transient("activations", B * heads * n * 4)  # log-sum-exp
-        out = prog.alloc("activations", th)
-        prog.free_all(qkv)
+        if spec.model_type in ("vit", "dinov2"):
+            # ViTSelfAttention / Dinov2SelfAttention return the context and drop q, k and v before the output
+            # dense (ViTSelfOutput) runs: its output can take q's block (the recorded history of DINOv2-base
+            # inference, inf_dinov2_base_b64: q, k, v freed, then the dense's output). SigLIP's out_proj runs
+            # inside the attention's forward, with q, k and v still held.
+            prog.free_all(qkv)
+            out = prog.alloc("activations", th)
+        else:
+            out = prog.alloc("activations", th)
+            prog.free_all(qkv)
         prog.free(attn)
         held: list[int] = []
         if cfg.get("layer_scale"):
