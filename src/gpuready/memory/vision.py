@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuready.memory.ddp import DdpBuckets
-from gpuready.memory.dtypes import dtypes_for
+from gpuready.memory.dtypes import Dtypes, dtypes_for
 from gpuready.memory.lm.ops import CUBLAS_WORKSPACE_BYTES
 from gpuready.memory.optimizer import Trainable, optimizer_step
 from gpuready.memory.program import Program
@@ -134,18 +134,23 @@ def _tokens(cfg: dict[str, Any], img: int) -> int:
     return (img // int(cfg["patch_size"])) ** 2 + (1 if cfg.get("cls_token") else 0)
 
 
+def _hf_shape(spec: ModelSpec, w: Workload) -> tuple[Dtypes, int, int, int, int, int, int, int]:
+    """A transformers vision encoder's job: dtypes, batch, image size, hidden, MLP width, patch size, heads and
+    tokens per image ([CLS] and registers included)."""
+    cfg = spec.vision
+    h, mlp, p, heads = (int(cfg[k]) for k in ("hidden_dim", "mlp_dim", "patch_size", "num_heads"))
+    return dtypes_for(w), w.batch, w.image_size, h, mlp, p, heads, _tokens(cfg, w.image_size)
+
+
 def _hf_forward(prog: Program, spec: ModelSpec, w: Workload) -> list[tuple[int, int, int]]:
     """transformers' ViTLayer / Dinov2Layer / SiglipEncoderLayer in training (modeling_vit.py, modeling_dinov2.py,
     modeling_siglip.py): pre-norm blocks with separate q/k/v Linear layers, SDPA (flash on the H200: it keeps
     q, k, v, its output and the log-sum-exp), the output projection, an MLP with GELU; DINOv2 scales both
     branches by a learned vector (the multiply keeps its input). Under autocast, layer norms and residual adds
     run in fp32 and every Linear keeps its bf16 input."""
-    dt = dtypes_for(w)
+    dt, B, img, h, mlp, p, heads, n = _hf_shape(spec, w)
     e, r = dt.act, dt.resid
     cfg = spec.vision
-    B, img = w.batch, w.image_size
-    h, mlp, p, heads = (int(cfg[k]) for k in ("hidden_dim", "mlp_dim", "patch_size", "num_heads"))
-    n = _tokens(cfg, img)
     T = B * n
     th = T * h * e
     saved: list[tuple[int, int, int]] = []
@@ -194,12 +199,9 @@ def _hf_forward(prog: Program, spec: ModelSpec, w: Workload) -> list[tuple[int, 
 
 def _hf_nograd(prog: Program, spec: ModelSpec, w: Workload, first: bool) -> None:
     """The same blocks under torch.no_grad(): a layer's input lives until its second residual add is made."""
-    dt = dtypes_for(w)
+    dt, B, img, h, mlp, p, heads, n = _hf_shape(spec, w)
     e, r = dt.act, dt.resid
     cfg = spec.vision
-    B, img = w.batch, w.image_size
-    h, mlp, p, heads = (int(cfg[k]) for k in ("hidden_dim", "mlp_dim", "patch_size", "num_heads"))
-    n = _tokens(cfg, img)
     T = B * n
     th = T * h * e
     patches = (img // p) ** 2
