@@ -14,6 +14,11 @@ gpuready.memory.allocator (gpuready/memory/history.py) and compares peak reserve
 the model gets from the very same requests; the first segment the model creates differently (with the Python
 frames that asked for it); and what was live at the peak, grouped by frame. `--table` does it for three segment
 placements: the model's, the GPU's own addresses, and always-rising addresses.
+
+A history recorded under a cap (`gpuready trial ... --gpu-memory CARD`; the probe writes the cap into the history)
+is also replayed under that cap (`--cap SIZE` replays any history under SIZE instead): does the allocator model,
+given the GPU's very requests, fail where the GPU failed? If it does, a difference between the estimator and the GPU
+under a cap lies in the program's events; if not, in the allocator model under a cap.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from gpuready.memory.history import PLACEMENTS, load_history, replay_history
+from gpuready.memory.history import PLACEMENTS, load_history, replay_capped, replay_history
 
 GIB = 1024**3
 
@@ -45,6 +50,37 @@ def report(path: Path, placement: str) -> None:
         print(f"  {size / GIB:8.3f} GiB  {frame[:160]}")
 
 
+def capped(path: Path, cap: int | None, placement: str) -> None:
+    doc = load_history(path)
+    if cap is None and not doc.get("memory_cap_bytes"):
+        return
+    r = replay_capped(doc, cap, placement)
+    gpu = (
+        f"failed at event {r.gpu_oom_event} on {r.gpu_oom_bytes / GIB:.2f} GiB"
+        if r.gpu_oom_event is not None
+        else "ran"
+    )
+    print(f"## {path.name} under a cap of {r.cap_bytes / GIB:.2f} GiB")
+    print(
+        f"GPU: {gpu}, allocated {r.gpu_allocated_bytes / GIB:.2f} GiB, reserved {r.gpu_reserved_bytes / GIB:.2f} GiB, "
+        f"{r.gpu_releases} segments released"
+    )
+    if r.model_failed_at is not None:
+        model = f"failed earlier, at event {r.model_failed_at} (the GPU served it)"
+    elif r.model_fails_there is None:
+        model = "ran"
+    else:
+        model = "fails there too" if r.model_fails_there else "places it (the GPU could not)"
+    print(
+        f"model on the same requests: {model}; allocated {r.model_allocated_bytes / GIB:.2f} GiB, reserved "
+        f"{r.model_reserved_bytes / GIB:.2f} GiB, cached free {r.model_free_split_bytes / GIB:.2f} GiB in split "
+        f"segments and {r.model_free_whole_bytes / GIB:.2f} GiB in whole ones (largest block "
+        f"{r.model_largest_free_bytes / GIB:.2f} GiB), {r.model_releases} releases"
+    )
+    if r.gpu_frames:
+        print(f"request: {r.gpu_frames[:200]}")
+
+
 def table(paths: list[Path]) -> None:
     print("| history | events | GPU peak reserved GiB | " + " | ".join(f"{p} placement" for p in PLACEMENTS) + " |")
     print("|---|---:|---:|" + "---:|" * len(PLACEMENTS))
@@ -60,7 +96,10 @@ def main() -> int:
     ap.add_argument("histories", nargs="+", type=Path)
     ap.add_argument("--placement", choices=PLACEMENTS, default="model")
     ap.add_argument("--table", action="store_true", help="one line per history, every placement")
+    ap.add_argument("--cap", type=int, help="replay under this many bytes (default: a capped history's own cap)")
     args = ap.parse_args()
+    for path in args.histories:
+        capped(path, args.cap, args.placement)
     if args.table:
         table(args.histories)
     else:

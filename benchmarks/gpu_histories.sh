@@ -7,7 +7,9 @@
 # From the repository root on a GPU machine. Each LIST is a job list (benchmarks/histories/*.txt): one job per
 # line, `NAME gpuready-trial-arguments...`; '#' starts a comment. The first LIST runs on GPU 0, the second on
 # GPU 1, and so on, in parallel. A job with `--nproc N` runs after the lists, on N GPUs (each rank writes
-# NAME.json.rank<r>). Writes into OUT: histories.tgz (the histories, results and log) and allocator_check.txt.
+# NAME.json.rank<r>). `LIST@G` runs that list on GPU G instead (several lists may share one GPU: their jobs must then
+# be capped with --gpu-memory so that together they fit it). Writes into OUT: histories.tgz (the histories, results
+# and log) and allocator_check.txt (with, for histories recorded under a cap, the replay under that cap).
 set -u
 out=${1:?usage: gpu_histories.sh OUT LIST [LIST ...]}; shift
 h=$(mktemp -d /tmp/gpuready_hist.XXXX)
@@ -19,7 +21,9 @@ rec() {  # rec GPUS NAME ARGS...
 }
 multi=()
 gpu=0
-for list in "$@"; do
+for spec in "$@"; do
+  list=${spec%@*}
+  [[ "$spec" == *@* ]] && gpu=${spec##*@}
   (
     while read -r name args; do
       case "$name" in ''|'#'*) continue ;; esac

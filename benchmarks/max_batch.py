@@ -7,6 +7,7 @@ torch.cuda.set_per_process_memory_fraction). Each point is a fresh process:
 `python3 -m gpuready trial MODEL FLAGS --batch B --gpu-memory CARD --no-db --json`.
 
     python benchmarks/max_batch.py predict JOBS > PREDICTED.tsv           # with the committed code, before the GPU
+    python benchmarks/max_batch.py predict JOBS --lm-margin 0 > P.tsv     # the same with the language-model margin
     python3 benchmarks/max_batch.py measure JOBS PREDICTED.tsv OUT [--deadline 460]   # on the GPU machine
     python benchmarks/max_batch.py table docs/max_batch/cases.tsv          # every measured case against today's code
 
@@ -46,9 +47,14 @@ def read_jobs(path: Path) -> list[dict[str, Any]]:
     return jobs
 
 
-def predict(jobs: list[dict[str, Any]]) -> None:
-    """`gpuready estimate ... --batch 1 --gpu-memory CARD --json`'s max_batch for each case, as a user gets it."""
+def predict(jobs: list[dict[str, Any]], lm_margin: float | None = None) -> None:
+    """`gpuready estimate ... --batch 1 --gpu-memory CARD --json`'s max_batch for each case, as a user gets it.
+    lm_margin: the share of the largest allocation kept free for language models (memory/fit.py "lm" and
+    "generate") set to this instead, in this process (to compare the committed rule with another)."""
     print("name\tcard\tpredicted_max_batch\tseconds\tjob")
+    if lm_margin is not None:
+        predict_in_process(jobs, lm_margin)
+        return
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     for job in jobs:
         cmd = [sys.executable, "-m", "gpuready", "estimate", *job["args"], "--batch", "1"]
@@ -59,6 +65,22 @@ def predict(jobs: list[dict[str, Any]]) -> None:
         if proc.returncode not in (0, 1):
             raise SystemExit(f"{job['name']}: {proc.stderr.strip()}")
         pred = json.loads(proc.stdout)["max_batch"]
+        print(f"{job['name']}\t{job['card']}\t{pred}\t{took:.2f}\t{' '.join(job['args'])}", flush=True)
+
+
+def predict_in_process(jobs: list[dict[str, Any]], lm_margin: float) -> None:
+    from gpuready.memory import fit
+    from gpuready.memory.estimate import estimate
+    from gpuready.units import parse_size
+    from gpuready.workload import workload_from_args
+
+    for kind in ("lm", "generate"):
+        fit.MARGIN_SHARE_OF_LARGEST[kind] = lm_margin
+    for job in jobs:
+        start = time.perf_counter()
+        w = workload_from_args(" ".join(shlex.quote(a) for a in job["args"]) + " --batch 1")
+        pred = estimate(w, parse_size(job["card"], "card")).max_batch
+        took = time.perf_counter() - start
         print(f"{job['name']}\t{job['card']}\t{pred}\t{took:.2f}\t{' '.join(job['args'])}", flush=True)
 
 
@@ -240,13 +262,14 @@ def main() -> int:
     ap.add_argument("predicted", type=Path, nargs="?")
     ap.add_argument("out", type=Path, nargs="?")
     ap.add_argument("--deadline", type=float, default=460.0, help="seconds after which nothing runs any more")
+    ap.add_argument("--lm-margin", type=float, help="predict: the language-model margin's share instead (fit.py)")
     opts = ap.parse_args()
     if opts.mode == "table":
         table(read_cases(opts.jobs))
         return 0
     jobs = read_jobs(opts.jobs)
     if opts.mode == "predict":
-        predict(jobs)
+        predict(jobs, opts.lm_margin)
         return 0
     if opts.predicted is None or opts.out is None:
         ap.error("measure needs PREDICTED.tsv and OUT")

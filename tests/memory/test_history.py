@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuready.memory.history import load_history, replay_history
+from gpuready.memory.history import load_history, replay_capped, replay_history
 
 HISTORIES = Path(__file__).resolve().parents[2] / "docs" / "calibration" / "histories"
 
@@ -66,3 +66,45 @@ def test_live_at_peak_names_the_frames(tmp_path: Path) -> None:
     assert dict(res.live_at_peak) == {"forward@a.py:1": 3 * 2**20, "forward@b.py:2": 2 * 2**20}
     with pytest.raises(ValueError, match="placement"):
         replay_history(doc, "sideways")
+
+
+def _capped_doc(events: list[list[object]], cap: int) -> dict[str, object]:
+    return {"events": events, "frames": ["", "forward@a.py:1", "loss@b.py:2"], "reset_at": 0, "memory_cap_bytes": cap}
+
+
+def test_capped_replay_fails_where_the_gpu_failed_when_the_cache_is_split() -> None:
+    mib = 2**20
+    # a freed 40 MiB block takes a 5 MiB request (the only cached block), so its segment is split and its 35 MiB
+    # free cannot be released: a 40 MiB request under a 70 MiB cap finds no room, as on the GPU (its `oom` event)
+    events: list[list[object]] = [
+        ["alloc", 0, 40 * mib, 0, 1],
+        ["alloc", 1 << 30, 10 * mib, 0, 1],
+        ["free_completed", 0, 40 * mib, 0, 1],
+        ["alloc", 0, 5 * mib, 0, 1],
+        ["oom", 0, 40 * mib, 0, 2],
+    ]
+    res = replay_capped(_capped_doc(events, 70 * mib))
+    assert res.gpu_oom_event == 4 and res.gpu_oom_bytes == 40 * mib
+    assert res.model_failed_at is None
+    assert res.model_fails_there is True
+    assert res.model_reserved_bytes == 50 * mib
+    assert res.model_free_split_bytes == 35 * mib and res.model_free_whole_bytes == 0
+    assert res.gpu_frames == "loss@b.py:2"
+
+
+def test_capped_replay_says_when_the_model_places_what_the_gpu_could_not() -> None:
+    mib = 2**20
+    # the 10 MiB block was freed: its segment is whole again, released under the cap, and the request fits
+    events: list[list[object]] = [
+        ["alloc", 0, 10 * mib, 0, 1],
+        ["free_completed", 0, 10 * mib, 0, 1],
+        ["oom", 0, 65 * mib, 0, 2],
+    ]
+    res = replay_capped(_capped_doc(events, 70 * mib))
+    assert res.model_fails_there is False
+    assert res.model_releases == 1
+
+
+def test_capped_replay_needs_a_cap() -> None:
+    with pytest.raises(ValueError, match="cap"):
+        replay_capped({"events": [], "frames": [], "reset_at": 0})

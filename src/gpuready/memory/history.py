@@ -140,3 +140,111 @@ def replay_history(doc: dict[str, Any], placement: str = "model", top: int = 12)
         first_difference=first,
         live_at_peak=sorted(by_frame.items(), key=lambda kv: -kv[1])[:top],
     )
+
+
+@dataclass(frozen=True)
+class CappedReplay:
+    """A history recorded under `gpuready trial --gpu-memory` (the allocator capped by
+    set_per_process_memory_fraction) against the allocator model replaying the same requests under the same cap.
+
+    The GPU's side is read from the history: where it failed (its `oom` event) and its reserve and cached free bytes
+    then; the model's side: whether it fails on a request the GPU served (`model_failed_at`, too strict), and at the
+    GPU's failing request whether it fails too (`model_fails_there`; False: the model places a block the GPU could
+    not, too lenient), with its state there."""
+
+    cap_bytes: int
+    events: int
+    gpu_oom_event: int | None  # index into the history's events of the GPU's failed request, None if it ran
+    gpu_oom_bytes: int
+    gpu_releases: int  # segments the GPU gave back to the device (segment_free) to go on
+    gpu_allocated_bytes: int  # at the GPU's failure (or at the end)
+    gpu_reserved_bytes: int
+    model_failed_at: int | None  # a request the GPU served and the model could not
+    model_fails_there: bool | None  # at the GPU's failed request (None: the GPU did not fail or the model failed first)
+    model_releases: int
+    model_allocated_bytes: int  # the model's state at the GPU's failure (or where the model failed, or at the end)
+    model_reserved_bytes: int
+    model_free_split_bytes: int  # cached free bytes in segments that are split (not releasable)
+    model_free_whole_bytes: int  # cached free bytes in wholly free segments
+    model_largest_free_bytes: int
+    gpu_frames: str  # the Python frames of the GPU's failed request (or of the model's)
+
+
+def _free_state(alloc: CachingAllocator) -> tuple[int, int, int]:
+    split = whole = largest = 0
+    for pool in alloc._pools.values():
+        for b in pool.blocks.values():
+            if b.prev is None and b.next is None:
+                whole += b.size
+            else:
+                split += b.size
+            largest = max(largest, b.size)
+    return split, whole, largest
+
+
+def replay_capped(doc: dict[str, Any], cap_bytes: int | None = None, placement: str = "model") -> CappedReplay:
+    """Replay a history's requests under `cap_bytes` (the history's own `memory_cap_bytes` when None), one
+    allocator per CUDA stream sharing the cap as PyTorch's per-device limit does, and compare with the GPU."""
+    from gpuready.memory.allocator import AllocatorOutOfMemory
+
+    cap = int(cap_bytes if cap_bytes is not None else doc.get("memory_cap_bytes") or 0)
+    if cap <= 0:
+        raise ValueError("the history was not recorded under a cap; give cap_bytes")
+    events: list[list[Any]] = doc["events"]
+    frames: list[str] = doc["frames"]
+    addresses: list[int] = [addr for action, addr, _s, _st, _f in events if action == "segment_alloc"]
+    # one allocator whose pools are kept per stream (CachingAllocator.malloc's stream argument), so that the cap
+    # and release_cached cover every stream as on the GPU
+    alloc = _Placed(placement, addresses)
+    alloc.capacity_bytes = cap
+    blocks: dict[int, Block] = {}
+    live: dict[int, int] = {}
+    gpu_reserved = gpu_releases = 0
+    gpu_oom: int | None = None
+    gpu_oom_bytes = 0
+    model_failed: int | None = None
+    fails_there: bool | None = None
+    where = 0
+    for i, (action, addr, size, stream, fid) in enumerate(events):
+        if action == "segment_alloc":
+            gpu_reserved += size
+        elif action == "segment_free":
+            gpu_reserved -= size
+            gpu_releases += 1
+        elif action == "oom":
+            gpu_oom, gpu_oom_bytes, where = i, size, fid
+            try:
+                alloc.malloc(size, stream)
+                fails_there = False
+            except AllocatorOutOfMemory:
+                fails_there = True
+            break
+        elif action == "alloc":
+            try:
+                blocks[addr] = alloc.malloc(size, stream)
+            except AllocatorOutOfMemory:
+                model_failed, where = i, fid
+                break
+            live[addr] = size
+        elif action == "free_completed" and addr in blocks:
+            alloc.free(blocks.pop(addr))
+            live.pop(addr, None)
+    split, whole, largest = _free_state(alloc)
+    return CappedReplay(
+        cap_bytes=cap,
+        events=len(events),
+        gpu_oom_event=gpu_oom,
+        gpu_oom_bytes=gpu_oom_bytes,
+        gpu_releases=gpu_releases,
+        gpu_allocated_bytes=sum(live.values()),
+        gpu_reserved_bytes=gpu_reserved,
+        model_failed_at=model_failed,
+        model_fails_there=fails_there,
+        model_releases=alloc.releases,
+        model_allocated_bytes=alloc.allocated,
+        model_reserved_bytes=alloc.reserved,
+        model_free_split_bytes=split,
+        model_free_whole_bytes=whole,
+        model_largest_free_bytes=largest,
+        gpu_frames=frames[where] if frames else "",
+    )

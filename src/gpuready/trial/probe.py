@@ -392,6 +392,10 @@ def _write_history(torch: Any, result: dict[str, Any], path: str) -> None:
         "reset_at": result.get("memory_history_reset_at", 0),
         "peak_allocated_bytes": result.get("peak_allocated_bytes"),
         "peak_reserved_bytes": result.get("peak_reserved_bytes"),
+        # the allocator's limit when `--gpu-memory` capped it (set_per_process_memory_fraction's allowed maximum):
+        # allocator_check.py replays the requests under the same limit
+        "memory_cap_bytes": result.get("memory_cap_bytes"),
+        "error_kind": result.get("error_kind"),
     }
     out.write_text(json.dumps(doc), encoding="utf-8")
     result["memory_history"] = str(out)
