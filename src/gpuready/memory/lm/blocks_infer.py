@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuready.memory.lm.context import Ctx, mlp_width
+from gpuready.memory.lm.context import Ctx, layer_lora, mlp_width
 from gpuready.memory.lm.moe import (
     EXPERTS_INTERFACE_TYPES,
     batched_experts_decode,
@@ -46,10 +46,40 @@ def block_nograd(
         lin.name.split(".")[-1]: lin.in_features * lin.out_features * lin.count * 2 for lin in spec.block_linears
     }
 
+    # peft's adapters in a checkpointed layer's first pass (16-bit, no autocast): the recompute in backward models
+    # them under autograd (blocks_recorded.plain_block_forward's project)
+    adapted = layer_lora(ctx, layer) if ctx.w.task == "train" and casts is None else frozenset()
+    in_features = {lin.name.split(".")[-1]: lin.in_features for lin in spec.block_linears}
+
+    def peft(name: str, base: int, nbytes: int) -> int:
+        """peft's lora.Linear.forward after the base layer's output `base` (of `nbytes`), as it runs with nothing
+        saved (the first pass of non-reentrant checkpointing: the saved tensors are dropped, so each goes when
+        Python drops it): x cast to the adapter's fp32 (the local `x`, alive until forward returns); lora_A's output
+        (gone once lora_B has read it); lora_B's output, times the scaling, plus the base output, in fp32, each
+        freeing the one before (and the base output once `result` is rebound); the sum cast back, the linear's
+        output. The recorded history of qwen3-8b LoRA + checkpointing (lora_qwen3_8b_ckpt): a 192 MiB fp32 copy
+        of down_proj's input per layer at 4096 tokens, whose freed blocks take the checkpointed layer outputs."""
+        if name not in adapted:
+            return base
+        out = nbytes // e * 4
+        x32 = prog.alloc("activations", T * in_features[name] * 4)
+        lora_a = prog.alloc("activations", T * ctx.w.lora_r * 4)
+        lora_b = prog.alloc("activations", out)
+        prog.free(lora_a)
+        scaled = prog.alloc("activations", out)
+        prog.free(lora_b)
+        total = prog.alloc("activations", out)
+        prog.free(scaled)
+        prog.free(base)
+        result = prog.alloc("activations", nbytes)
+        prog.free(total)
+        prog.free(x32)
+        return result
+
     def project(name: str, nbytes: int, cast_input: bool) -> int:
         """A projection's output; under autocast its weight's bf16 copy (cached) and its input's bf16 cast."""
         if casts is None:
-            return prog.alloc("activations", nbytes)
+            return peft(name, prog.alloc("activations", nbytes), nbytes)
         copy = prog.alloc("autocast_weight_copies", weights.get(name, 0))
         cast = prog.alloc("activations", T * h * 2) if cast_input else 0
         out = prog.alloc("activations", nbytes)
@@ -102,7 +132,8 @@ def block_nograd(
     # phi-3's fused qkv_proj: q, k and v are views of one output, alive until v is rebound to the cache's copy
     fused_qkv = any(lin.name.endswith("qkv_proj") for lin in spec.block_linears)
     if fused_qkv:
-        qkv = prog.alloc("activations", T * (q_w + k_w + v_w) * e)
+        qkv_bytes = T * (q_w + k_w + v_w) * e
+        qkv = peft("qkv_proj", prog.alloc("activations", qkv_bytes), qkv_bytes)
         q = k = v = 0
     else:
         qkv = 0
@@ -178,7 +209,7 @@ def block_nograd(
         down = _moe_nograd(prog, ctx, decode)
     elif any(lin.name.endswith("gate_up_proj") for lin in spec.block_linears):
         # phi-3: gate and up are chunks (views) of one output, alive until the MLP returns; silu(gate), the product
-        fused = prog.alloc("activations", 2 * Tm * width * e)
+        fused = peft("gate_up_proj", prog.alloc("activations", 2 * Tm * width * e), 2 * Tm * width * e)
         act = prog.alloc("activations", Tm * width * e)
         prod = prog.alloc("activations", Tm * width * e)
         prog.free(act)
