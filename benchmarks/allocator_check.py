@@ -19,6 +19,13 @@ A history recorded under a cap (`gpuready trial ... --gpu-memory CARD`; the prob
 is also replayed under that cap (`--cap SIZE` replays any history under SIZE instead): does the allocator model,
 given the GPU's very requests, fail where the GPU failed? If it does, a difference between the estimator and the GPU
 under a cap lies in the program's events; if not, in the allocator model under a cap.
+
+    python benchmarks/allocator_check.py HISTORY --job "qwen2.5-3b --task train --batch 2 ... --shard fsdp"
+
+compares the estimator's arithmetic program for that job with the history, stream by stream (the compute stream,
+then the side streams in the order they are first used: FSDP2's all-gather, then reduce-scatter), both through
+the allocator model, so that any difference in reserve is the program's events: the reserve and the segments each
+makes (size x count), and the first large-pool segment that differs with the events leading to it on both sides.
 """
 
 from __future__ import annotations
@@ -29,9 +36,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from gpuready.memory.history import PLACEMENTS, load_history, replay_capped, replay_history
+from gpuready.memory.history import PLACEMENTS, compare_program, load_history, replay_capped, replay_history
 
 GIB = 1024**3
+MIB = 1024**2
 
 
 def report(path: Path, placement: str) -> None:
@@ -91,13 +99,60 @@ def table(paths: list[Path]) -> None:
         print(f"| {path.name} | {runs[0].events} | {runs[0].gpu_peak_reserved_bytes / GIB:.2f} | {cells} |")
 
 
+def compare(path: Path, job: str, context: int, depth: int) -> None:
+    import importlib
+
+    from gpuready.models import resolve_model
+    from gpuready.workload import workload_from_args
+
+    est = importlib.import_module("gpuready.memory.estimate")  # the module (the package exports the function)
+    w = workload_from_args(job)
+    spec = resolve_model(w.model, w.as_family)
+    prog = est._build(spec, w, est.fsdp_meta_init(spec, w, None))
+    print(f"## {path.name} against the program of `{job}`")
+    for c in compare_program(load_history(path), prog, context, depth):
+        err = c.program_reserved_bytes / c.history_reserved_bytes - 1 if c.history_reserved_bytes else 0.0
+        print(
+            f"stream {c.stream} (history {c.history_stream}): reserved history {c.history_reserved_bytes / MIB:.0f} "
+            f"MiB, program {c.program_reserved_bytes / MIB:.0f} MiB ({err * 100:+.2f}%)"
+        )
+        sizes = sorted(set(c.history_segments) | set(c.program_segments), reverse=True)
+        print(
+            "  segments MiB x (history, program): "
+            + ", ".join(
+                f"{s / MIB:.0f} x ({c.history_segments.get(s, 0)}, {c.program_segments.get(s, 0)})"
+                for s in sizes
+                if c.history_segments.get(s, 0) != c.program_segments.get(s, 0) or s > 64 * MIB
+            )
+        )
+        if c.first_difference is None:
+            print("  the large-pool segments are made in the same sizes and order")
+            continue
+        a, b = c.first_difference
+        print(
+            f"  first different large segment: history {a.segment_bytes / MIB:.0f} MiB for {a.request_bytes / MIB:.1f}"
+            f" ({a.label}), program {b.segment_bytes / MIB:.0f} MiB for {b.request_bytes / MIB:.1f} ({b.label})"
+        )
+        for name, events in (("history", c.history_context), ("program", c.program_context)):
+            print(f"  {name}, the events before it:")
+            for ev in events:
+                print(f"    {'+' if ev.alloc else '-'}{ev.nbytes / MIB:9.2f} MiB  {ev.label[:100]}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("histories", nargs="+", type=Path)
     ap.add_argument("--placement", choices=PLACEMENTS, default="model")
     ap.add_argument("--table", action="store_true", help="one line per history, every placement")
     ap.add_argument("--cap", type=int, help="replay under this many bytes (default: a capped history's own cap)")
+    ap.add_argument("--job", help="compare the estimator's program for this job (workload arguments) per stream")
+    ap.add_argument("--context", type=int, default=24, help="with --job: events shown before the first difference")
+    ap.add_argument("--depth", type=int, default=1, help="with --job: Python frames per history label")
     args = ap.parse_args()
+    if args.job:
+        for path in args.histories:
+            compare(path, args.job, args.context, args.depth)
+        return 0
     for path in args.histories:
         capped(path, args.cap, args.placement)
     if args.table:

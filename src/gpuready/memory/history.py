@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuready.memory.allocator import ROUND_LARGE, Block, CachingAllocator
+from gpuready.memory.allocator import ROUND_LARGE, SMALL_BUFFER, Block, CachingAllocator
+from gpuready.memory.program import Program
 
 PLACEMENTS = ("model", "gpu", "rising")
 
@@ -248,3 +249,136 @@ def replay_capped(doc: dict[str, Any], cap_bytes: int | None = None, placement: 
         model_largest_free_bytes=largest,
         gpu_frames=frames[where] if frames else "",
     )
+
+
+# -- a job's arithmetic program against its recorded history ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    alloc: bool
+    key: int  # the history's address, or the program's handle
+    nbytes: int
+    label: str  # the history's innermost frame, or the program's component
+
+
+@dataclass(frozen=True)
+class SegmentMade:
+    segment_bytes: int
+    request_bytes: int
+    label: str
+    position: int  # index into the stream's events
+
+
+@dataclass(frozen=True)
+class StreamComparison:
+    """One CUDA stream: what the recorded requests and the program's each reserve (the allocator model on both, so
+    the difference is the events'), the segments made (size -> count), and the first large-pool segment that differs
+    with the events just before it on each side."""
+
+    stream: int  # the program's stream (0: compute; FSDP2's all-gather 1, reduce-scatter 2)
+    history_stream: int  # the CUDA stream id in the history
+    history_reserved_bytes: int
+    program_reserved_bytes: int
+    history_segments: dict[int, int]
+    program_segments: dict[int, int]
+    first_difference: tuple[SegmentMade, SegmentMade] | None
+    history_context: list[StreamEvent]
+    program_context: list[StreamEvent]
+
+
+def history_streams(doc: dict[str, Any], depth: int = 1) -> dict[int, list[StreamEvent]]:
+    """The history's allocations and frees per CUDA stream, labelled with their innermost `depth` frames."""
+    frames: list[str] = doc["frames"]
+    out: dict[int, list[StreamEvent]] = defaultdict(list)
+    stream_of: dict[int, int] = {}
+    labels: dict[int, str] = {}
+    for action, addr, size, stream, fid in doc["events"]:
+        if action == "alloc":
+            label = " < ".join(frames[fid].split(" < ")[:depth])
+            stream_of[addr], labels[addr] = stream, label
+            out[stream].append(StreamEvent(True, addr, size, label))
+        elif action == "free_completed" and addr in stream_of:
+            out[stream_of.pop(addr)].append(StreamEvent(False, addr, size, labels.pop(addr)))
+    return dict(out)
+
+
+def program_streams(prog: Program) -> dict[int, list[StreamEvent]]:
+    """The program's allocations and frees per stream, labelled with their component."""
+    out: dict[int, list[StreamEvent]] = defaultdict(list)
+    stream_of: dict[int, int] = {}
+    handle = 0
+    for ev in prog.events:
+        if ev > 0:
+            handle += 1
+            cat = prog.categories[handle]
+            stream_of[handle] = prog.streams.get(cat, 0)
+            out[stream_of[handle]].append(StreamEvent(True, handle, ev, cat))
+        else:
+            out[stream_of[-ev]].append(StreamEvent(False, -ev, prog.sizes[-ev], prog.categories[-ev]))
+    return dict(out)
+
+
+def _segments(events: list[StreamEvent]) -> tuple[int, list[SegmentMade]]:
+    pool = CachingAllocator()
+    blocks: dict[int, Block] = {}
+    made: list[SegmentMade] = []
+    for i, ev in enumerate(events):
+        if ev.alloc:
+            before = pool.reserved
+            blocks[ev.key] = pool.malloc(ev.nbytes)
+            if pool.reserved > before:
+                made.append(SegmentMade(pool.reserved - before, ev.nbytes, ev.label, i))
+        elif ev.key in blocks:
+            pool.free(blocks.pop(ev.key))
+    return pool.peak_reserved, made
+
+
+def compare_program(doc: dict[str, Any], prog: Program, context: int = 24, depth: int = 1) -> list[StreamComparison]:
+    """Each stream of `prog` against the history's stream used in the same order (the compute stream first, then
+    the side streams by their first allocation: FSDP2's all-gather stream is used before its reduce-scatter stream),
+    both replayed through the allocator model. `context` events before the first differing large-pool segment are
+    kept from each side."""
+    hist = history_streams(doc, depth)
+    ours = program_streams(prog)
+    side = [s for s in hist if s != 0]  # in the order of their first allocation (history_streams keeps it)
+    pairs = [(0, 0), *zip(sorted(s for s in ours if s != 0), side, strict=False)]
+    out = []
+    for mine, theirs in pairs:
+        h_events, p_events = hist.get(theirs, []), ours.get(mine, [])
+        h_res, h_made = _segments(h_events)
+        p_res, p_made = _segments(p_events)
+        h_large = [m for m in h_made if m.segment_bytes > SMALL_BUFFER]
+        p_large = [m for m in p_made if m.segment_bytes > SMALL_BUFFER]
+        first = None
+        for a, b in zip(h_large, p_large, strict=False):
+            if a.segment_bytes != b.segment_bytes:
+                first = (a, b)
+                break
+        if first is None and len(h_large) != len(p_large):
+            k = min(len(h_large), len(p_large))
+            if k < len(h_large):
+                first = (h_large[k], SegmentMade(0, 0, "(none)", len(p_events)))
+            else:
+                first = (SegmentMade(0, 0, "(none)", len(h_events)), p_large[k])
+        out.append(
+            StreamComparison(
+                stream=mine,
+                history_stream=theirs,
+                history_reserved_bytes=h_res,
+                program_reserved_bytes=p_res,
+                history_segments=_count(h_made),
+                program_segments=_count(p_made),
+                first_difference=first,
+                history_context=h_events[max(0, first[0].position - context) : first[0].position + 1] if first else [],
+                program_context=p_events[max(0, first[1].position - context) : first[1].position + 1] if first else [],
+            )
+        )
+    return out
+
+
+def _count(made: list[SegmentMade]) -> dict[int, int]:
+    counts: dict[int, int] = defaultdict(int)
+    for m in made:
+        counts[m.segment_bytes] += 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[0]))

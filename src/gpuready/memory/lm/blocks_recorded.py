@@ -37,7 +37,9 @@ def recorded_layer_order(ctx: Ctx, layer: int) -> bool:
     )
 
 
-def plain_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved]:
+def plain_block_forward(
+    prog: Program, ctx: Ctx, layer: int, keep: bool, residual_out: list[int] | None = None
+) -> list[Saved]:
     """A plain decoder layer's forward (16-bit full or LoRA, fp32 full) in the order the recorded H200 histories
     show it (docs/calibration/histories: lora_llama8b_b1 for LoRA, ft_qwen15_bf16 for 16-bit and ft_qwen05_fp32
     for fp32 full fine-tuning). Under full fine-tuning the norm outputs, the attention output and the MLP product
@@ -226,7 +228,10 @@ def plain_block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list
         save_handle(out)  # kept by the next layer's norm (its pow), like resid above
     else:
         prog.free(resid)
-        prog.free(out)  # the caller's residual stream is modelled outside the layer
+        if residual_out is not None:
+            residual_out.append(out)
+        else:
+            prog.free(out)  # the caller's residual stream is modelled outside the layer
     return layer_.finish()
 
 

@@ -15,11 +15,13 @@ from gpuready.memory.program import Program
 from gpuready.models.spec import Linear
 
 
-def block_forward(prog: Program, ctx: Ctx, layer: int, keep: bool) -> list[Saved]:
+def block_forward(
+    prog: Program, ctx: Ctx, layer: int, keep: bool, residual_out: list[int] | None = None
+) -> list[Saved]:
     """One decoder layer's forward over ctx.tokens tokens. With keep=False (no_grad, or recomputed later by
     checkpointing) nothing is saved and only the transient peak is simulated."""
     if recorded_layer_order(ctx, layer):
-        return plain_block_forward(prog, ctx, layer, keep)
+        return plain_block_forward(prog, ctx, layer, keep, residual_out)
     if (
         ctx.spec.model_type == "gpt2"
         and ctx.full

@@ -81,10 +81,18 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
             if fsdp:
                 fsdp.gather(root)
             x = prog.alloc("activations", T * h * r)  # embedding output, the residual stream
+            # under FSDP the residual stream is replayed tensor by tensor, as the recorded history of FSDP2
+            # qwen2.5-3b (fsdp_qwen3b_b2) shows it: each plain layer's output is a new tensor, and the decoder loop
+            # drops the layer's input only once the layer has returned, after FSDP's post-forward hook has resharded
+            # it (freed its gathered weights); the model's forward keeps the embedding output (`inputs_embeds`) until
+            # it returns, after the final norm. Elsewhere the stream is one tensor for the whole forward.
+            embeds = x
+            replaced = False
             per_layer: list[list[Saved]] = []
             ckpt_inputs: list[int] = []
             neox_kept: list[NeoxKept] = []
             for layer in range(spec.layers):
+                outs: list[int] = []
                 if fsdp:
                     fsdp.gather(layer)
                 if neox:
@@ -105,9 +113,13 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                     )
                     per_layer.append([])
                 else:
-                    per_layer.append(block_forward(prog, ctx, layer, keep=True))
+                    per_layer.append(block_forward(prog, ctx, layer, keep=True, residual_out=outs if fsdp else None))
                 if fsdp:
                     fsdp.reshard(layer)
+                    if outs:
+                        if x != embeds:
+                            prog.free(x)
+                        x, replaced = outs[0], True
             head_cast = norm_out = 0
             if ckpt_casts:
                 # the final norm on the fp32 residual (ft_llama1b_mixed_ckpt_s4096): pow (a temporary), x * rsqrt
@@ -126,6 +138,8 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 final = [prog.alloc("activations", T * h * 4)]  # final norm keeps its fp32 input
                 if ctx.full:
                     final.append(prog.alloc("activations", T * h * e))  # lm_head keeps its input
+            if replaced:
+                prog.free(embeds)  # the base model returns (fsdp_qwen3b_b2: after the final norm, before lm_head)
             kept = logits_and_loss_forward(prog, ctx)
             if ckpt_casts:
                 # the region ends: the final norm's output and the layers' cached weight copies go
