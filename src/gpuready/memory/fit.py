@@ -31,9 +31,10 @@ from gpuready.memory.allocator import replay
 # one kept only when the fit depends on the allocator releasing its cache (RELEASE_MARGIN_SHARE_OF_LARGEST: the job's
 # reserve with no limit is over the limit, so the replay must release its cached segments to go on, and must then
 # complete with that much less):
-# - "lm" (language-model training and prefill): nothing always. Of the 33 language-model and ViT training cases,
-#   every batch whose reserve with no limit stays within the limit ran (the program's reserve is within 1.2% of the
-#   GPU's on the LoRA rows, docs/accuracy.md). On release, 50% of the job's largest single allocation after loading
+# - "lm" (language-model training and prefill): nothing always. With no margin at all, none of the 33 language-model
+#   and ViT training cases was over where the predicted batch's reserve with no limit stays within the limit (the
+#   program's reserve is within 1.2% of the GPU's on the LoRA rows, docs/accuracy.md); all four that were over needed
+#   a release. On release, 50% of the job's largest single allocation after loading
 #   (its fp32 logits): in the four cases where the replay completed only by releasing the cache and the GPU failed
 #   (qwen3-8b LoRA + checkpointing, seq 2048, batch 5 on 40 GiB; qwen2.5-3b LoRA, seq 1024, batch 2 on 24 GiB; and
 #   two measured with the probe of 33b4b43), the GPU failed on its fp32 logits with about that block's size cached
@@ -59,7 +60,8 @@ MARGIN_SHARE_OF_LARGEST = {"lm": 0.0, "vit": 0.45, "conv": 1.0, "conv_infer": 1.
 MARGIN_SHARE_OF_LIMIT = {"lm": 0.0, "vit": 0.0, "conv": 0.0, "conv_infer": 0.47, "generate": 0.04}
 RELEASE_MARGIN_SHARE_OF_LARGEST = {"lm": 0.5, "vit": 0.0, "conv": 0.0, "conv_infer": 0.0, "generate": 0.0}
 MARGIN_NOTE = {
-    "lm": "no margin while the reserve with no limit stays within the limit (every such measured case ran); when "
+    "lm": "no margin while the reserve with no limit stays within the limit (no such prediction was above what ran "
+    "on the measured cards); when "
     "the allocator must release its cache to go on, 50% of the largest single allocation kept free (measured: "
     "qwen3-8b LoRA + checkpointing at 5 x 2048 on a 40 GiB card failed on its 5.80 GiB logits, found free only in "
     "split segments, where the replay after a release completes with 47% of it kept free; docs/max_batch.md)",
