@@ -94,6 +94,8 @@ def table(paths: list[Path]) -> None:
     print("|---|---:|---:|" + "---:|" * len(PLACEMENTS))
     for path in paths:
         doc = load_history(path)
+        if doc.get("memory_cap_bytes"):
+            continue  # recorded under a cap: replayed under it above (its released segments' addresses recur)
         runs = [replay_history(doc, p) for p in PLACEMENTS]
         cells = " | ".join(f"{r.error * 100:+.2f}%" for r in runs)
         print(f"| {path.name} | {runs[0].events} | {runs[0].gpu_peak_reserved_bytes / GIB:.2f} | {cells} |")

@@ -262,7 +262,9 @@ def main() -> int:
     ap.add_argument("predicted", type=Path, nargs="?")
     ap.add_argument("out", type=Path, nargs="?")
     ap.add_argument("--deadline", type=float, default=460.0, help="seconds after which nothing runs any more")
-    ap.add_argument("--lm-margin", type=float, help="predict: the language-model margin's share instead (fit.py)")
+    ap.add_argument(
+        "--lm-margin", type=float, help="predict: the share of the largest allocation always kept for language models"
+    )
     opts = ap.parse_args()
     if opts.mode == "table":
         table(read_cases(opts.jobs))

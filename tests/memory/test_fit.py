@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpuready.memory.allocator import replay
-from gpuready.memory.fit import Fit, fit_margin_bytes, judge, replay_under_limit
+from gpuready.memory.fit import Fit, fit_margin_bytes, judge, release_margin_bytes, replay_under_limit
 from gpuready.units import MIB
 
 # 60 MiB allocated and freed, then 50 and 30 MiB; the cached 60 MiB segment serves the 50 (split), the 30 needs a
@@ -43,14 +43,19 @@ def test_the_unlimited_peaks_decide_without_a_second_replay() -> None:
     assert fits is False and reserved == 90 * MIB
 
 
-def test_the_margin_must_hold_too() -> None:
+def test_the_release_margin_must_hold_when_the_fit_needs_a_release() -> None:
     events = [60 * MIB, -1, 70 * MIB, -2]
-    # fits under 100 MiB after a release; with a 35 MiB margin (65 MiB) the 70 MiB block cannot be placed
+    # fits under 100 MiB after a release; with a 35 MiB release margin (65 MiB) the 70 MiB block cannot be placed
     assert replay_under_limit(events, 100 * MIB, unlimited_reserved=130 * MIB, peak_allocated=70 * MIB)[0]
     fits, reserved, _ = replay_under_limit(
         events, 100 * MIB, unlimited_reserved=130 * MIB, peak_allocated=70 * MIB, margin_bytes=35 * MIB
     )
     assert fits is False and reserved == 130 * MIB
+    # a reserve with no limit within the limit needs no release: the release margin does not apply
+    fits, reserved, releases = replay_under_limit(
+        events, 140 * MIB, unlimited_reserved=130 * MIB, peak_allocated=70 * MIB, margin_bytes=35 * MIB
+    )
+    assert fits is True and reserved == 130 * MIB and releases == 0
 
 
 def test_fits_exactly_when_headroom_is_not_negative() -> None:
@@ -69,7 +74,10 @@ def test_fits_exactly_when_headroom_is_not_negative() -> None:
         )
         assert isinstance(fit, Fit)
         assert fit.fits is (fit.headroom_bytes >= 0), card
-        assert fit.limit_bytes == card * MIB - overhead - fit_margin_bytes("lm", 70 * MIB, card * MIB - overhead)
+        # no margin kept always for a language model; the release margin only where the fit needs a release
+        needs_release = card * MIB - overhead < 130 * MIB
+        assert fit.margin_bytes == (release_margin_bytes("lm", 70 * MIB) if needs_release else 0), card
+        assert fit.limit_bytes == card * MIB - overhead - fit.margin_bytes
 
 
 def test_streams_keep_their_own_cache_but_share_the_limit() -> None:
@@ -83,7 +91,10 @@ def test_streams_keep_their_own_cache_but_share_the_limit() -> None:
 
 
 def test_margins_rest_on_measurements() -> None:
-    assert fit_margin_bytes("lm", 100 * MIB, 10_000 * MIB) == 45 * MIB
+    assert fit_margin_bytes("lm", 100 * MIB, 10_000 * MIB) == 0
+    assert release_margin_bytes("lm", 100 * MIB) == 50 * MIB
+    assert fit_margin_bytes("vit", 100 * MIB, 10_000 * MIB) == 45 * MIB
+    assert release_margin_bytes("conv", 100 * MIB) == 0
     assert fit_margin_bytes("conv", 100 * MIB, 10_000 * MIB) == 100 * MIB
     assert fit_margin_bytes("generate", 100 * MIB, 10_000 * MIB) == 400 * MIB
     assert fit_margin_bytes("generate", 2_000 * MIB, 1_000 * MIB) == 900 * MIB

@@ -10,6 +10,7 @@ import pytest
 
 from gpuready.memory.history import compare_program, load_history, replay_capped, replay_history
 from gpuready.memory.program import Program
+from gpuready.units import MIB
 
 HISTORIES = Path(__file__).resolve().parents[2] / "docs" / "calibration" / "histories"
 
@@ -161,3 +162,27 @@ def test_compare_program_names_the_first_large_segment_made_differently() -> Non
     assert (theirs.segment_bytes, theirs.label) == (40 * mib, "forward@d.py:4")
     assert ours.segment_bytes == 0  # the program made no second segment
     assert [e.label for e in compute.history_context] == ["forward@a.py:1", "forward@d.py:4"]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "lora_qwen7b_s2048_b3_cap80.json.gz",  # failed on its 3.48 GiB fp32 logits after releasing 12 segments
+        "lora_ckpt_qwen7b_s1024_b10_cap40.json.gz",  # ran after releasing 5 segments
+        "lora_ckpt_qwen3b_s2048_b4_cap24.json.gz",  # ran after releasing 5 segments
+        "lora_ckpt_qwen7b_s1024_b9_cap40.json.gz",  # ran, no release
+    ],
+)
+def test_allocator_model_under_the_cap_does_what_the_gpu_did(name: str) -> None:
+    # round 9 (2026-12-01): histories recorded under `trial --gpu-memory`; the model replays the GPU's requests
+    # under the same cap, releasing its cache as PyTorch's malloc does, and ends with the GPU's reserve, or fails
+    # on the request the GPU failed on
+    res = replay_capped(load_history(HISTORIES / name))
+    assert res.model_failed_at is None
+    # exact where the job ran; at the failure the model holds 2 MiB (one small-pool segment) less than the GPU
+    assert abs(res.model_reserved_bytes - res.gpu_reserved_bytes) <= 2 * MIB
+    if res.gpu_oom_event is None:
+        assert res.model_fails_there is None
+    else:
+        assert res.model_fails_there is True
+        assert res.gpu_oom_bytes == 3_737_124_864  # 3 x 2048 x 152064 fp32 logits, rounded to 2 MiB
