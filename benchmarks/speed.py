@@ -1,7 +1,8 @@
 """Speed of the arithmetic estimator: the CLI end to end and library estimates per second, this tree and another
 commit side by side in the same run (timings on a shared machine only compare within one run).
 
-python benchmarks/speed.py --against REF [--runs 5]   # Markdown report, REF exported by `git archive`
+python benchmarks/speed.py --against REF [--against REF2] [--runs 5]   # Markdown report, each REF exported by
+                                                                        # `git archive`
 python benchmarks/speed.py                             # this tree only
 python benchmarks/speed.py --plan                      # `gpuready plan` end to end only (docs/steptime.md)
 
@@ -69,7 +70,7 @@ def heavy_imports(src: Path) -> list[str]:
         [sys.executable, "-X", "importtime", "-m", "gpuready", *argv], capture_output=True, text=True, env=_env(src)
     )
     mods = [line.split("|")[-1].strip() for line in proc.stderr.splitlines() if "|" in line]
-    return sorted({m for m in mods if m.split(".")[0] in ("torch", "transformers", "numpy", "pandas")})
+    return sorted({m for m in mods if m.split(".")[0] in ("torch", "transformers", "numpy", "pandas", "pydantic")})
 
 
 def library() -> dict[str, Any]:
@@ -125,12 +126,12 @@ def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def report(trees: list[tuple[str, Path]], runs: int, against: str | None) -> None:
+def report(trees: list[tuple[str, Path]], runs: int, against: list[str]) -> None:
     print(
         f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, machine: {platform.platform()}, "
         f"{os.cpu_count()} CPUs, python {platform.python_version()}"
     )
-    print(f"command: python benchmarks/speed.py{f' --against {against}' if against else ''} --runs {runs}")
+    print(f"command: python benchmarks/speed.py{''.join(f' --against {ref}' for ref in against)} --runs {runs}")
     print(f"load average before: {load()}\n")
     head = " | ".join(name for name, _ in trees)
     print(f"## CLI end to end (median of {runs}; wall s / CPU s)\n| command | {head} |\n|---|" + "---:|" * len(trees))
@@ -176,7 +177,9 @@ def plan_report(runs: int = 3) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--against", help="a git commit to measure side by side with this tree")
+    ap.add_argument(
+        "--against", action="append", default=[], help="a git commit to measure side by side with this tree"
+    )
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--plan", action="store_true")
     ap.add_argument("--library-json", action="store_true", help=argparse.SUPPRESS)
@@ -190,12 +193,11 @@ def main() -> int:
     root = Path(__file__).resolve().parent.parent
     with tempfile.TemporaryDirectory() as tmp:
         trees = []
-        if args.against:
-            archive = subprocess.run(
-                ["git", "-C", str(root), "archive", args.against, "src"], check=True, capture_output=True
-            )
-            subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
-            trees.append((args.against, Path(tmp) / "src"))
+        for ref in args.against:
+            archive = subprocess.run(["git", "-C", str(root), "archive", ref, "src"], check=True, capture_output=True)
+            (Path(tmp) / ref).mkdir()
+            subprocess.run(["tar", "-x", "-C", str(Path(tmp) / ref)], input=archive.stdout, check=True)
+            trees.append((ref, Path(tmp) / ref / "src"))
         trees.append(("this tree", root / "src"))
         report(trees, args.runs, args.against)
     return 0

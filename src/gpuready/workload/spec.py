@@ -6,7 +6,6 @@ same names (either spelling). Validation errors become one-line `InputError`s na
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
@@ -331,6 +330,8 @@ def make_workload(**fields: Any) -> Workload:
 
 def load_workload_file(path: str | Path) -> dict[str, Any]:
     """Read a TOML workload file (same field names as the flags; `[workload]` table optional)."""
+    import tomllib  # only when a file is read
+
     p = Path(path)
     try:
         with p.open("rb") as fh:
