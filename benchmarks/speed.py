@@ -69,8 +69,8 @@ def heavy_imports(src: Path) -> list[str]:
     proc = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "gpuready", *argv], capture_output=True, text=True, env=_env(src)
     )
-    mods = [line.split("|")[-1].strip() for line in proc.stderr.splitlines() if "|" in line]
-    return sorted({m for m in mods if m.split(".")[0] in ("torch", "transformers", "numpy", "pandas", "pydantic")})
+    mods = [line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if "|" in line]
+    return sorted({m for m in mods if m in ("torch", "transformers", "numpy", "pandas", "pydantic")})
 
 
 def library() -> dict[str, Any]:
