@@ -137,7 +137,7 @@ class Workload:
     through the pydantic model built from the same rules, which coerces as before or raises its ValidationError.
     """
 
-    __slots__ = ("_fields_set", *FIELDS)
+    __slots__ = ("_fields_set", "_hash", "_key", *FIELDS)
 
     model: str
     task: Task
@@ -157,6 +157,8 @@ class Workload:
     shard: Shard
     as_family: str | None
     _fields_set: set[str]
+    _key: tuple[Any, ...]  # the values in FIELDS order: equality, hashing and copies read this
+    _hash: int
 
     def __init__(self, **fields: Any) -> None:
         values = _plain(fields)
@@ -169,9 +171,11 @@ class Workload:
         self._set(values, fields_set)
 
     def _set(self, values: dict[str, Any], fields_set: set[str]) -> None:
-        for name in FIELDS:
-            object.__setattr__(self, name, values[name])
-        object.__setattr__(self, "_fields_set", fields_set)
+        self._fill(tuple(values[name] for name in FIELDS), fields_set)
+
+    def _fill(self, key: tuple[Any, ...], fields_set: set[str]) -> None:
+        for slot, value in zip(_SLOTS, (*key, key, hash(key), fields_set), strict=True):
+            slot.__set__(self, value)  # the slot itself: __setattr__ refuses
 
     @classmethod
     def _make(cls, values: dict[str, Any], fields_set: set[str]) -> Workload:
@@ -185,26 +189,23 @@ class Workload:
     def __delattr__(self, name: str) -> None:
         raise AttributeError("Workload is immutable")
 
-    def _values(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, name) for name in FIELDS)
-
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
             return NotImplemented
         assert isinstance(other, Workload)
-        return self._values() == other._values()
+        return self._hash == other._hash and self._key == other._key
 
     def __hash__(self) -> int:
-        return hash(self._values())
+        return self._hash
 
     def __repr__(self) -> str:
         return f"Workload({', '.join(f'{name}={getattr(self, name)!r}' for name in FIELDS)})"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Workload._make, (dict(zip(FIELDS, self._values(), strict=True)), set(self._fields_set)))
+        return (Workload._make, (dict(zip(FIELDS, self._key, strict=True)), set(self._fields_set)))
 
     def __iter__(self) -> Iterator[tuple[str, Any]]:
-        return iter(zip(FIELDS, self._values(), strict=True))
+        return iter(zip(FIELDS, self._key, strict=True))
 
     @property
     def model_fields_set(self) -> set[str]:
@@ -213,17 +214,19 @@ class Workload:
 
     def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Workload:
         """A copy with `update` applied as given, not validated (as pydantic's model_copy)."""
-        values = dict(zip(FIELDS, self._values(), strict=True))
-        update = update or {}
-        unknown = set(update) - set(FIELDS)
-        if unknown:
-            raise ValueError(f"unknown workload field(s): {', '.join(sorted(unknown))}")
-        values.update(update)
-        return Workload._make(values, self._fields_set | set(update))
+        key = list(self._key)
+        for name, value in (update or {}).items():
+            index = _INDEX.get(name)
+            if index is None:
+                raise ValueError(f"unknown workload field: {name}")
+            key[index] = value
+        w = Workload.__new__(Workload)
+        w._fill(tuple(key), self._fields_set | update.keys() if update else set(self._fields_set))
+        return w
 
     def model_dump(self, *, mode: str = "python") -> dict[str, Any]:
         """The fields as a dict; mode="json": tuples as lists."""
-        out = dict(zip(FIELDS, self._values(), strict=True))
+        out = dict(zip(FIELDS, self._key, strict=True))
         if mode == "json" and out["lora_targets"] is not None:
             out["lora_targets"] = list(out["lora_targets"])
         return out
@@ -232,6 +235,10 @@ class Workload:
     def training(self) -> bool:
         return self.task == "train"
 
+
+# the slots' descriptors, in the order _set fills them: the fields, then the key, its hash and the fields given
+_SLOTS = [Workload.__dict__[name] for name in (*FIELDS, "_key", "_hash", "_fields_set")]
+_INDEX = {name: i for i, name in enumerate(FIELDS)}
 
 _MODEL: list[type[BaseModel]] = []
 
