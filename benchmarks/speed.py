@@ -5,6 +5,7 @@ python benchmarks/speed.py --against REF [--against REF2] [--runs 5]   # Markdow
                                                                         # `git archive`
 python benchmarks/speed.py                             # this tree only
 python benchmarks/speed.py --plan                      # `gpuready plan` end to end only (docs/steptime.md)
+python benchmarks/speed.py --where [--runs 3] ARGS...   # where one `gpuready ARGS...` run's CPU time goes
 
 Every CLI run is a fresh `python -m gpuready` process with its modules' bytecode already compiled (one untimed run
 first, PYTHONDONTWRITEBYTECODE unset), as after `pip install`. Wall seconds and CPU seconds (user + system of the
@@ -175,6 +176,55 @@ def plan_report(runs: int = 3) -> None:
         print(f"| {' '.join(job)} | {statistics.median(times):.2f} | {min(times):.2f} | {max(times):.2f} |")
 
 
+WHERE_CODE = """
+import contextlib, io, json, sys, time
+t0 = time.process_time()
+import gpuready.memory
+from gpuready.memory import allocator, program
+est = sys.modules["gpuready.memory.estimate"]
+spent = {"builds": 0.0, "replays": 0.0, "breakdowns": 0.0}
+count = {"builds": 0, "replays": 0}
+def timed(key, fn):
+    def run(*args, **kwargs):
+        t = time.process_time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent[key] += time.process_time() - t
+            count[key] = count.get(key, 0) + 1
+    return run
+allocator._replay_one_stream = timed("replays", allocator._replay_one_stream)
+est._build = timed("builds", est._build)
+program.Program.breakdown = timed("breakdowns", program.Program.breakdown)
+from gpuready.cli.app import main
+t1 = time.process_time()
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    main(sys.argv[1:])
+t2 = time.process_time()
+print(json.dumps({"imports": t1 - t0, "run": t2 - t1, **spent, "n": count}))
+"""
+
+
+def where(argv: list[str], runs: int) -> None:
+    """CPU seconds of one `gpuready ARGV` run in this tree, split: importing the estimator and the CLI, then the run
+    (argument parsing, the program builds, the replays, the breakdowns, the rest); the median of `runs` runs."""
+    src = Path(__file__).resolve().parent.parent / "src"
+    rows = []
+    for _ in range(runs):
+        proc = subprocess.run(
+            [sys.executable, "-c", WHERE_CODE, *argv], capture_output=True, text=True, check=True, env=_env(src)
+        )
+        rows.append(json.loads(proc.stdout))
+    keys = ("imports", "run", "builds", "replays", "breakdowns")
+    med = {k: statistics.median(r[k] for r in rows) for k in keys}
+    print(f"`gpuready {' '.join(argv)}`, median of {runs} (CPU s), load average {load()}:")
+    print(
+        f"imports {med['imports']:.3f}; run {med['run']:.3f}: {rows[0]['n'].get('builds', 0)} program builds "
+        f"{med['builds']:.3f}, {rows[0]['n'].get('replays', 0)} replays {med['replays']:.3f}, breakdowns "
+        f"{med['breakdowns']:.3f}, the rest {med['run'] - med['builds'] - med['replays'] - med['breakdowns']:.3f}"
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
@@ -183,7 +233,11 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--plan", action="store_true")
     ap.add_argument("--library-json", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--where", nargs=argparse.REMAINDER, help="gpuready arguments: where that run's CPU time goes")
     args = ap.parse_args()
+    if args.where:
+        where(args.where, args.runs)
+        return 0
     if args.library_json:
         print(json.dumps(library()))
         return 0
