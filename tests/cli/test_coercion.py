@@ -14,7 +14,7 @@ from typer._coercion import build_runtime_param
 from gpuready.cli.app import app
 from gpuready.cli.coercion import _coercer
 
-SAMPLES: list[Any] = [None, "8", "-3", "0", "08", " 8", "8.0", "x", "", "1e3", "99999999999999999999", "True"]
+SAMPLES: list[Any] = [None, "8", "-3", "0", "08", " 8", "8.0", "x", "", "1e3", "99999999999999999999", "True", 5, 2.5]
 
 
 def _params() -> list[Any]:

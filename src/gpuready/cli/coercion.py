@@ -2,14 +2,14 @@
 
 Typer (>= 0.29) coerces every parameter of the command that runs, the unset ones included, through a pydantic
 `TypeAdapter` it builds on first use (`_TyperParameter.get_runtime_param`, typer/_coercion.py), so any command
-imports pydantic while parsing its arguments (0.1-0.2 s of CPU on the 2-core machine of docs/speed.md, more than
-a `gpuready estimate` spends on its own imports). Most values need none of it: an unset option is None (or () for
-a repeated option), a `str` option's value is the string given. `install()` gives each parameter a coercer that
-answers those, and a plain decimal for an `int` parameter, as typer's adapter would (no parser, click type, bounds
-or clamp on the parameter), and hands every other value (a number written as `8.0` or ` 8`, a path, a float, a
-flag) to typer's own adapter, built then. So what a parameter accepts and the errors it gives are typer's.
-`gpuready.cli.app` installs it (in the CLI process); where typer's internals differ, nothing is replaced.
-tests/cli/test_coercion.py compares its answers with typer's adapters.
+imports pydantic while parsing its arguments (about 0.1 s of CPU on the 2-core machine of docs/speed.md). Most
+values need none of it: an unset option is None (or () for
+a repeated option), a `str` option's value is the string given, an `int` or `float` option's default is that
+number. `install()` gives each parameter a coercer that answers those, and a plain decimal for an `int` parameter,
+as typer's adapter would (no parser, click type, bounds or clamp on the parameter), and hands every other value (a
+number written as `8.0` or ` 8`, a float written out, a path, a flag) to typer's own adapter, built then. So what a
+parameter accepts and the errors it gives are typer's. `gpuready.cli.app` installs it (in the CLI process); where
+typer's internals differ, nothing is replaced. tests/cli/test_coercion.py compares its answers with typer's adapters.
 """
 
 from __future__ import annotations
@@ -26,17 +26,17 @@ class _Plain:
     __slots__ = ("fallback", "kind", "multi")
 
     def __init__(self, kind: type | None, multi: bool) -> None:
-        self.kind = kind  # str or int where those values are answered here, else None (only None is)
+        self.kind = kind  # str, int or float where values of that type are answered here, else None (only None is)
         self.multi = multi  # a parameter of several values (a repeated option, nargs=-1)
         self.fallback: Any = None
 
     def coerce(self, value: Any, param: Any, ctx: Any) -> Any:
         if value is None:
             return () if self.multi else None  # typer's RuntimeParam.coerce, for a parameter of any type
-        if type(value) is str and self.kind is not None and not self.multi:
-            if self.kind is str:
-                return value  # typer's str adapter: str(value)
-            if _DECIMAL.fullmatch(value):
+        if self.kind is not None and not self.multi:
+            if type(value) is self.kind:
+                return value  # a str for a str, a default int for an int, ...: typer's adapter returns it as it is
+            if self.kind is int and type(value) is str and _DECIMAL.fullmatch(value):
                 return int(value)
         if self.fallback is None:
             from typer._coercion import build_runtime_param
@@ -52,7 +52,7 @@ def _coercer(param: Any) -> _Plain | None:
         return None
     multi = bool(param.multiple or param.nargs == -1)
     plain = (
-        desc.annotation in (str, int)
+        desc.annotation in (str, int, float)
         and desc.file_annotation is None
         and getattr(info, "parser", None) is None
         and getattr(info, "click_type", None) is None
