@@ -1,9 +1,11 @@
 """Speed of the arithmetic estimator: the CLI end to end and library estimates per second, this tree and another
 commit side by side in the same run (timings on a shared machine only compare within one run).
 
-python benchmarks/speed.py --against REF [--runs 5]   # Markdown report, REF exported by `git archive`
+python benchmarks/speed.py --against REF [--against REF2] [--runs 5]   # Markdown report, each REF exported by
+                                                                        # `git archive`
 python benchmarks/speed.py                             # this tree only
 python benchmarks/speed.py --plan                      # `gpuready plan` end to end only (docs/steptime.md)
+python benchmarks/speed.py --where [--runs 3] ARGS...   # where one `gpuready ARGS...` run's CPU time goes
 
 Every CLI run is a fresh `python -m gpuready` process with its modules' bytecode already compiled (one untimed run
 first, PYTHONDONTWRITEBYTECODE unset), as after `pip install`. Wall seconds and CPU seconds (user + system of the
@@ -68,8 +70,8 @@ def heavy_imports(src: Path) -> list[str]:
     proc = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "gpuready", *argv], capture_output=True, text=True, env=_env(src)
     )
-    mods = [line.split("|")[-1].strip() for line in proc.stderr.splitlines() if "|" in line]
-    return sorted({m for m in mods if m.split(".")[0] in ("torch", "transformers", "numpy", "pandas")})
+    mods = [line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if "|" in line]
+    return sorted({m for m in mods if m in ("torch", "transformers", "numpy", "pandas", "pydantic")})
 
 
 def library() -> dict[str, Any]:
@@ -125,12 +127,12 @@ def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def report(trees: list[tuple[str, Path]], runs: int, against: str | None) -> None:
+def report(trees: list[tuple[str, Path]], runs: int, against: list[str]) -> None:
     print(
         f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, machine: {platform.platform()}, "
         f"{os.cpu_count()} CPUs, python {platform.python_version()}"
     )
-    print(f"command: python benchmarks/speed.py{f' --against {against}' if against else ''} --runs {runs}")
+    print(f"command: python benchmarks/speed.py{''.join(f' --against {ref}' for ref in against)} --runs {runs}")
     print(f"load average before: {load()}\n")
     head = " | ".join(name for name, _ in trees)
     print(f"## CLI end to end (median of {runs}; wall s / CPU s)\n| command | {head} |\n|---|" + "---:|" * len(trees))
@@ -174,13 +176,68 @@ def plan_report(runs: int = 3) -> None:
         print(f"| {' '.join(job)} | {statistics.median(times):.2f} | {min(times):.2f} | {max(times):.2f} |")
 
 
+WHERE_CODE = """
+import contextlib, io, json, sys, time
+t0 = time.process_time()
+import gpuready.memory
+from gpuready.memory import allocator, program
+est = sys.modules["gpuready.memory.estimate"]
+spent = {"builds": 0.0, "replays": 0.0, "breakdowns": 0.0}
+count = {"builds": 0, "replays": 0}
+def timed(key, fn):
+    def run(*args, **kwargs):
+        t = time.process_time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent[key] += time.process_time() - t
+            count[key] = count.get(key, 0) + 1
+    return run
+allocator._replay_one_stream = timed("replays", allocator._replay_one_stream)
+est._build = timed("builds", est._build)
+program.Program.breakdown = timed("breakdowns", program.Program.breakdown)
+from gpuready.cli.app import main
+t1 = time.process_time()
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    main(sys.argv[1:])
+t2 = time.process_time()
+print(json.dumps({"imports": t1 - t0, "run": t2 - t1, **spent, "n": count}))
+"""
+
+
+def where(argv: list[str], runs: int) -> None:
+    """CPU seconds of one `gpuready ARGV` run in this tree, split: importing the estimator and the CLI, then the run
+    (argument parsing, the program builds, the replays, the breakdowns, the rest); the median of `runs` runs."""
+    src = Path(__file__).resolve().parent.parent / "src"
+    rows = []
+    for _ in range(runs):
+        proc = subprocess.run(
+            [sys.executable, "-c", WHERE_CODE, *argv], capture_output=True, text=True, check=True, env=_env(src)
+        )
+        rows.append(json.loads(proc.stdout))
+    keys = ("imports", "run", "builds", "replays", "breakdowns")
+    med = {k: statistics.median(r[k] for r in rows) for k in keys}
+    print(f"`gpuready {' '.join(argv)}`, median of {runs} (CPU s), load average {load()}:")
+    print(
+        f"imports {med['imports']:.3f}; run {med['run']:.3f}: {rows[0]['n'].get('builds', 0)} program builds "
+        f"{med['builds']:.3f}, {rows[0]['n'].get('replays', 0)} replays {med['replays']:.3f}, breakdowns "
+        f"{med['breakdowns']:.3f}, the rest {med['run'] - med['builds'] - med['replays'] - med['breakdowns']:.3f}"
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--against", help="a git commit to measure side by side with this tree")
+    ap.add_argument(
+        "--against", action="append", default=[], help="a git commit to measure side by side with this tree"
+    )
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--plan", action="store_true")
     ap.add_argument("--library-json", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--where", nargs=argparse.REMAINDER, help="gpuready arguments: where that run's CPU time goes")
     args = ap.parse_args()
+    if args.where:
+        where(args.where, args.runs)
+        return 0
     if args.library_json:
         print(json.dumps(library()))
         return 0
@@ -190,12 +247,11 @@ def main() -> int:
     root = Path(__file__).resolve().parent.parent
     with tempfile.TemporaryDirectory() as tmp:
         trees = []
-        if args.against:
-            archive = subprocess.run(
-                ["git", "-C", str(root), "archive", args.against, "src"], check=True, capture_output=True
-            )
-            subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
-            trees.append((args.against, Path(tmp) / "src"))
+        for ref in args.against:
+            archive = subprocess.run(["git", "-C", str(root), "archive", ref, "src"], check=True, capture_output=True)
+            (Path(tmp) / ref).mkdir()
+            subprocess.run(["tar", "-x", "-C", str(Path(tmp) / ref)], input=archive.stdout, check=True)
+            trees.append((ref, Path(tmp) / ref / "src"))
         trees.append(("this tree", root / "src"))
         report(trees, args.runs, args.against)
     return 0

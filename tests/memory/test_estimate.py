@@ -225,6 +225,25 @@ def test_a_job_that_does_not_fit_gets_mitigations_that_were_estimated() -> None:
         assert (m.fits, m.peak_device_bytes) == (variant.fits, variant.peak_device_bytes)
 
 
+def test_peak_and_fit_gives_the_figures_of_a_whole_estimate() -> None:
+    """The mitigations' short path (peak on the device, fits) against estimate() on fresh caches, for jobs whose
+    figures come by different routes: LoRA, a vision model, generation, FSDP initialised on the meta device."""
+    from gpuready.memory.estimate import clear_caches, peak_and_fit
+
+    jobs = [
+        (make_workload(model="llama-3.2-1b", method="lora", batch=4), 24 * GIB),
+        (make_workload(model="resnet50", batch=256), 16 * GIB),
+        (make_workload(model="qwen2.5-0.5b", task="infer", batch=8, seq=512, new_tokens=32), 24 * GIB),
+        (make_workload(model="llama-3.1-8b", gpus=4, shard="fsdp", seq=512), 16 * GIB),  # meta-device init
+    ]
+    for w, card in jobs:
+        clear_caches()
+        short = peak_and_fit(w, card)
+        clear_caches()
+        whole = estimate(w, card, find_max_batch=False)
+        assert short == (whole.peak_device_bytes, whole.fits), w
+
+
 OWN_ROWS = sorted((Path(__file__).resolve().parents[2] / "docs" / "calibration").glob("h200_*.jsonl"))
 
 

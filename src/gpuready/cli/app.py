@@ -8,12 +8,15 @@ from typing import Annotated
 
 import typer
 
+from gpuready.cli import coercion
 from gpuready.errors import GpureadyError
 
 try:  # typer >= 0.29 vendors click
     from typer._click import exceptions as click_exc
 except ImportError:  # pragma: no cover - older typer with click as a dependency
     from click import exceptions as click_exc  # type: ignore[no-redef]
+
+coercion.install()  # typer's parameters without a pydantic TypeAdapter where none is needed (cli/coercion.py)
 
 app = typer.Typer(
     name="gpuready",

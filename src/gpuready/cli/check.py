@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -129,6 +128,8 @@ def render(result: CheckResult) -> None:
 
 
 def render_html(result: CheckResult) -> str:
+    import html  # only for --html: not at start-up
+
     colors = {"pass": "#1a7f37", "warn": "#9a6700", "fail": "#cf222e", "skip": "#6e7781"}
     rows = []
     for step in result.steps:

@@ -81,14 +81,15 @@ def build_workload(model: str | None, flags: dict[str, Any]) -> Workload:
 def build_workload_and_source(model: str | None, flags: dict[str, Any]) -> tuple[Workload, WorkloadFile | None]:
     """The workload and, where a file was read, what it said (its format, the keys used and those ignored)."""
     from gpuready.errors import InputError
-    from gpuready.workload import make_workload  # pydantic: only commands that need it
-    from gpuready.workload.formats import read_workload_file
+    from gpuready.workload import make_workload
 
     file_arg = flags.pop("workload_file", None)
     fields: dict[str, Any] = {}
     source = None
     path = Path(file_arg) if file_arg else Path(DEFAULT_WORKLOAD_FILE)
     if file_arg or path.is_file():
+        from gpuready.workload.formats import read_workload_file  # only when a file is read
+
         source = read_workload_file(path)
         fields.update(source.fields)
     from_file = set(fields)

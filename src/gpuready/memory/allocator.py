@@ -276,27 +276,33 @@ def replay(
 
 
 def _replay_one_stream(events: Iterable[int], capacity_bytes: int | None) -> AllocatorStats:
+    # every name the loop reads is a local (methods bound once, the module's constants copied): this loop is most of
+    # an estimate's time, and a local read is cheaper than a global or attribute one
     bisect_left = bisect.bisect_left
     insort = bisect.insort
     shift = ADDR_BITS
+    small_size, min_large, small_buffer, large_buffer = SMALL_SIZE, MIN_LARGE_ALLOC, SMALL_BUFFER, LARGE_BUFFER
+    round_large, small_base, min_block = ROUND_LARGE, SMALL_BASE, MIN_BLOCK_SIZE
     small_keys: list[int] = []  # the small pool's cached free blocks, as size << shift | addr, sorted
     large_keys: list[int] = []
     free_size: dict[int, int] = {}  # cached free block start -> size (both pools: addresses are unique)
     free_end: dict[int, int] = {}  # cached free block end -> start
+    size_pop, end_pop = free_size.pop, free_end.pop
     seg_size: dict[int, int] = {}  # segment start -> segment size
     h_addr: list[int] = [0]  # allocation id -> block start (ids count from 1)
     h_size: list[int] = [0]  # allocation id -> block size handed out (0 once freed)
+    addr_append, size_append = h_addr.append, h_size.append
     allocated = reserved = peak_a = peak_r = 0
     peak_a_event = peak_r_event = -1
     segments = releases = 0
-    next_small = next_large = SMALL_BASE
+    next_small = next_large = small_base
     cap = capacity_bytes
     oom: int | None = None
     i = -1
     for i, ev in enumerate(events):
         if ev > 0:
             size = (ev + 511) // 512 * 512  # round_size (MIN_BLOCK_SIZE is 512; ev >= 1 gives at least 512)
-            small = size <= SMALL_SIZE
+            small = size <= small_size
             keys = small_keys if small else large_keys
             j = bisect_left(keys, size << shift)
             if j < len(keys):
@@ -308,17 +314,17 @@ def _replay_one_stream(events: Iterable[int], capacity_bytes: int | None) -> All
             else:
                 # a new segment (CachingAllocator._new_segment)
                 if small:
-                    bsize = SMALL_BUFFER
-                elif size < MIN_LARGE_ALLOC:
-                    bsize = LARGE_BUFFER
+                    bsize = small_buffer
+                elif size < min_large:
+                    bsize = large_buffer
                 else:
-                    bsize = (size + ROUND_LARGE - 1) // ROUND_LARGE * ROUND_LARGE
+                    bsize = (size + round_large - 1) // round_large * round_large
                 if cap is not None and reserved + bsize > cap:
                     # release_cached: every wholly free segment goes back to the device, then one retry
                     whole = [a for a, n in seg_size.items() if free_size.get(a) == n]
                     for a in whole:
                         n = seg_size.pop(a)
-                        pool = small_keys if a >= SMALL_BASE else large_keys
+                        pool = small_keys if a >= small_base else large_keys
                         k = n << shift | a
                         del pool[bisect_left(pool, k)]
                         del free_size[a]
@@ -331,27 +337,27 @@ def _replay_one_stream(events: Iterable[int], capacity_bytes: int | None) -> All
                         break
                 if small:
                     addr = next_small
-                    next_small += bsize + ROUND_LARGE
+                    next_small += bsize + round_large
                 else:
-                    next_large -= bsize + ROUND_LARGE
+                    next_large -= bsize + round_large
                     addr = next_large
                 seg_size[addr] = bsize
                 segments += 1
                 reserved += bsize
+                if reserved > peak_r:  # the reserve grows only here
+                    peak_r, peak_r_event = reserved, i
             remaining = bsize - size
-            if remaining >= MIN_BLOCK_SIZE if small else remaining > SMALL_SIZE:
+            if remaining >= min_block if small else remaining > small_size:
                 rest = addr + size
                 insort(keys, remaining << shift | rest)
                 free_size[rest] = remaining
                 free_end[rest + remaining] = rest
                 bsize = size
-            h_addr.append(addr)
-            h_size.append(bsize)
+            addr_append(addr)
+            size_append(bsize)
             allocated += bsize
             if allocated > peak_a:
                 peak_a, peak_a_event = allocated, i
-            if reserved > peak_r:
-                peak_r, peak_r_event = reserved, i
         elif ev < 0:
             k = -ev
             size = h_size[k]
@@ -360,15 +366,15 @@ def _replay_one_stream(events: Iterable[int], capacity_bytes: int | None) -> All
             h_size[k] = 0
             allocated -= size
             addr = h_addr[k]
-            keys = small_keys if addr >= SMALL_BASE else large_keys
+            keys = small_keys if addr >= small_base else large_keys
             end = addr + size
-            prev = free_end.pop(addr, None)
+            prev = end_pop(addr, None)
             if prev is not None:
-                psize = free_size.pop(prev)
+                psize = size_pop(prev)
                 del keys[bisect_left(keys, psize << shift | prev)]
                 addr = prev
                 size += psize
-            nsize = free_size.pop(end, None)
+            nsize = size_pop(end, None)
             if nsize is not None:
                 del keys[bisect_left(keys, nsize << shift | end)]
                 del free_end[end + nsize]

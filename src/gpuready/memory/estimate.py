@@ -220,6 +220,17 @@ def estimate(
     return with_fit(result, fit, max_batch, margin_kind(spec, workload))
 
 
+def peak_and_fit(workload: Workload, gpu_memory_bytes: int, *, spec: ModelSpec | None = None) -> tuple[int, bool]:
+    """(peak on the device, fits) of `workload` on a card of `gpu_memory_bytes`: the two figures of estimate() a
+    mitigation shows (memory/mitigations.py), without the breakdown, assumptions and max batch estimate() adds."""
+    spec = spec or resolve_model(workload.model, workload.as_family)
+    _check_supported(spec, workload)
+    meta_init = fsdp_meta_init(spec, workload, gpu_memory_bytes)
+    run = _core(spec, workload, meta_init)
+    fit = _fit(spec, workload, gpu_memory_bytes, meta_init)
+    return run.peak_reserved + device_overhead_bytes(workload), bool(fit.fits)
+
+
 def with_fit(result: MemoryEstimate, fit: Fit, max_batch: int | None, kind: str) -> MemoryEstimate:
     """`result` with its verdict on one card (both modes)."""
     rule_for_max = [MAX_BATCH_RULE] if max_batch is not None else []

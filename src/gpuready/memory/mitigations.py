@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gpuready.memory.estimate import estimate
+from gpuready.memory.estimate import peak_and_fit
 from gpuready.workload import Workload
 
 
@@ -69,8 +69,7 @@ def suggest(w: Workload, capacity_bytes: int, limit: int = 5) -> list[Mitigation
         variant = w.model_copy(update=update)
         # with the card's size: the variant is sized as it would run there (an FSDP model too large to build whole
         # on one GPU is taken as initialised on the meta device)
-        est = estimate(variant, capacity_bytes, find_max_batch=False)
-        fits = bool(est.fits)
-        found.append(Mitigation(change, est.peak_device_bytes, fits, note, update))
+        peak, fits = peak_and_fit(variant, capacity_bytes)
+        found.append(Mitigation(change, peak, fits, note, update))
     found.sort(key=lambda m: (not m.fits, m.peak_device_bytes))
     return found[:limit]

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from gpuready.memory import program as program_module
@@ -223,36 +224,36 @@ class Template:
             cached_outside_bytes=self.cached_outside_bytes,
         )
         events = prog.events
+        append = events.append
         peaks = prog.phase_peaks
         peak_events = prog.phase_peak_events
         allocated = peak = largest = 0
         ops = self.ops
-        marks = [*self.phases[1:], (len(ops) + 1, "")]
-        phase = self.phases[0][1]
-        phase_peak = -1
-        mark = 0
-        for i, op in enumerate(ops):
-            while marks[mark][0] == i:
-                phase = marks[mark][1]
-                phase_peak = peaks.get(phase, -1)
-                mark += 1
-            if op > 0:
-                size = sizes[op]
-                events.append(size)
-                allocated += size
-                if size > largest and phase != "load":
-                    largest = size
-                if allocated > phase_peak:
-                    phase_peak = peaks[phase] = allocated
-                    peak_events[phase] = i + 1
-                    if allocated > peak:
-                        peak = allocated
-            else:
-                events.append(op)
-                allocated -= sizes[-op]
-        while mark < len(marks) - 1:
-            phase = marks[mark][1]
-            mark += 1
+        # the phases' spans of ops: a mark at i switches before op i (of several marks at one i, the last holds);
+        # each span is one loop with its phase's figures in locals
+        marks = [*self.phases, (len(ops), "")]
+        for (start, phase), (end, _) in pairwise(marks):
+            if end <= start:
+                continue
+            phase_peak = peaks.get(phase, -1)
+            loading = phase == "load"
+            for i in range(start, end):
+                op = ops[i]
+                if op > 0:
+                    size = sizes[op]
+                    append(size)
+                    allocated += size
+                    if size > largest and not loading:
+                        largest = size
+                    if allocated > phase_peak:
+                        phase_peak = peaks[phase] = allocated
+                        peak_events[phase] = i + 1
+                        if allocated > peak:
+                            peak = allocated
+                else:
+                    append(op)
+                    allocated -= sizes[-op]
+        phase = marks[-2][1]
         prog.allocated, prog.peak_allocated, prog.largest_request = allocated, peak, largest
         prog.set_phase(phase)
         return prog

@@ -6,13 +6,14 @@ same names (either spelling). Validation errors become one-line `InputError`s na
 
 from __future__ import annotations
 
-import tomllib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from gpuready.errors import InputError
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 Task = Literal["train", "infer"]
 Method = Literal["full", "lora", "qlora"]
@@ -21,73 +22,272 @@ Optim = Literal["adamw", "adamw8bit", "sgd", "adafactor"]
 Attn = Literal["sdpa", "eager", "flash"]
 Shard = Literal["none", "ddp", "fsdp", "zero1", "zero2", "zero3"]
 
+# Every field, in order, with its default ("model" has none) and what it allows: the one statement of the rules,
+# read by Workload's own check and by the pydantic model that words the errors (_pydantic_model)
+_REQUIRED = object()
+DEFAULTS: dict[str, Any] = {
+    "model": _REQUIRED,
+    "task": "train",
+    "method": "full",
+    "batch": 1,
+    "seq": 2048,
+    "new_tokens": 0,
+    "image_size": 224,
+    "precision": "bf16",
+    "optim": "adamw",
+    "grad_ckpt": False,
+    "grad_accum": 1,
+    "lora_r": 16,
+    "lora_targets": None,
+    "attn": "sdpa",
+    "gpus": 1,
+    "shard": "none",
+    "as_family": None,  # size the model as this model_type (an unmodelled config, or to compare)
+}
+CHOICES: dict[str, tuple[str, ...]] = {
+    "task": get_args(Task),
+    "method": get_args(Method),
+    "precision": get_args(Precision),
+    "optim": get_args(Optim),
+    "attn": get_args(Attn),
+    "shard": get_args(Shard),
+}
+INT_BOUNDS: dict[str, tuple[int, int]] = {
+    "batch": (1, 1_000_000),
+    "seq": (1, 10_000_000),
+    "new_tokens": (0, 10_000_000),
+    "image_size": (16, 16384),
+    "grad_accum": (1, 1_000_000),
+    "lora_r": (1, 65536),
+    "gpus": (1, 4096),
+}
+FIELDS: tuple[str, ...] = tuple(DEFAULTS)
 
-class Workload(BaseModel):
-    """One job, as docs/cli.md defines it. Immutable; use `model_copy(update=...)` for variants."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+def _split_targets(value: Any) -> Any:
+    """--lora-targets as given: "q_proj, v_proj" or a list becomes a tuple ("" and None: none given)."""
+    if isinstance(value, str):
+        parts = tuple(p.strip() for p in value.split(",") if p.strip())
+        return parts or None
+    if isinstance(value, list):
+        return tuple(value)
+    return value
 
-    model: str = Field(min_length=1)
-    task: Task = "train"
-    method: Method = "full"
-    batch: int = Field(default=1, ge=1, le=1_000_000)
-    seq: int = Field(default=2048, ge=1, le=10_000_000)
-    new_tokens: int = Field(default=0, ge=0, le=10_000_000)
-    image_size: int = Field(default=224, ge=16, le=16384)
-    precision: Precision = "bf16"
-    optim: Optim = "adamw"
-    grad_ckpt: bool = False
-    grad_accum: int = Field(default=1, ge=1, le=1_000_000)
-    lora_r: int = Field(default=16, ge=1, le=65536)
-    lora_targets: tuple[str, ...] | None = None
-    attn: Attn = "sdpa"
-    gpus: int = Field(default=1, ge=1, le=4096)
-    shard: Shard = "none"
-    as_family: str | None = None  # size the model as this model_type (an unmodelled config, or to compare)
 
-    @field_validator("lora_targets", mode="before")
+def _known_family(value: str | None) -> str | None:
+    from gpuready.models.spec import LM_TYPES
+
+    if value is not None and value not in LM_TYPES:
+        raise ValueError(f"got {value!r}; allowed: {', '.join(LM_TYPES)}")
+    return value
+
+
+def _consistency_error(values: dict[str, Any]) -> str | None:
+    if values["task"] == "infer" and values["method"] != "full":
+        return "method: LoRA/QLoRA are training methods; use --task train or drop --method"
+    if values["shard"] != "none" and values["gpus"] < 2:
+        return f"shard: --shard {values['shard']} needs --gpus 2 or more"
+    return None
+
+
+def _plain(fields: dict[str, Any]) -> dict[str, Any] | None:
+    """The field values when every given one is already what the rules give back unchanged (a str in its choices,
+    an int within its bounds, a bool, ...), else None: then the pydantic model validates (and coerces, or words
+    the error). Checking the common case here keeps pydantic out of a CLI run (docs/speed.md)."""
+    values = dict(DEFAULTS)
+    for name, value in fields.items():
+        if name not in values:
+            return None
+        if name in INT_BOUNDS:
+            lo, hi = INT_BOUNDS[name]
+            if type(value) is not int or not lo <= value <= hi:
+                return None
+        elif name in CHOICES:
+            if type(value) is not str or value not in CHOICES[name]:
+                return None
+        elif name == "model":
+            if type(value) is not str or not value:
+                return None
+        elif name == "grad_ckpt":
+            if type(value) is not bool:
+                return None
+        elif name == "lora_targets":
+            value = _split_targets(value)
+            if value is not None and (type(value) is not tuple or any(type(t) is not str for t in value)):
+                return None
+        elif name == "as_family":
+            if value is not None and type(value) is not str:
+                return None
+            try:
+                _known_family(value)
+            except ValueError:
+                return None
+        values[name] = value
+    if values["model"] is _REQUIRED or _consistency_error(values):
+        return None
+    return values
+
+
+class Workload:
+    """One job, as docs/cli.md defines it. Immutable; use `model_copy(update=...)` for variants.
+
+    The rules are DEFAULTS, CHOICES and INT_BOUNDS above. A plain class with pydantic's interface for what gpuready
+    uses (`model_copy`, `model_dump`, `model_fields_set`, equality and hashing by value): values given as the
+    rules return them are taken as they are, anything else (a number as a string, a value out of range) goes
+    through the pydantic model built from the same rules, which coerces as before or raises its ValidationError.
+    """
+
+    __slots__ = ("_fields_set", "_hash", "_key", *FIELDS)
+
+    model: str
+    task: Task
+    method: Method
+    batch: int
+    seq: int
+    new_tokens: int
+    image_size: int
+    precision: Precision
+    optim: Optim
+    grad_ckpt: bool
+    grad_accum: int
+    lora_r: int
+    lora_targets: tuple[str, ...] | None
+    attn: Attn
+    gpus: int
+    shard: Shard
+    as_family: str | None
+    _fields_set: set[str]
+    _key: tuple[Any, ...]  # the values in FIELDS order: equality, hashing and copies read this
+    _hash: int
+
+    def __init__(self, **fields: Any) -> None:
+        values = _plain(fields)
+        if values is None:
+            checked = _pydantic_model()(**fields)  # raises pydantic's ValidationError, as before
+            values = {name: getattr(checked, name) for name in FIELDS}
+            fields_set = set(checked.model_fields_set)
+        else:
+            fields_set = set(fields)
+        self._set(values, fields_set)
+
+    def _set(self, values: dict[str, Any], fields_set: set[str]) -> None:
+        self._fill(tuple(values[name] for name in FIELDS), fields_set)
+
+    def _fill(self, key: tuple[Any, ...], fields_set: set[str]) -> None:
+        for slot, value in zip(_SLOTS, (*key, key, hash(key), fields_set), strict=True):
+            slot.__set__(self, value)  # the slot itself: __setattr__ refuses
+
     @classmethod
-    def _split_targets(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            parts = tuple(p.strip() for p in value.split(",") if p.strip())
-            return parts or None
-        if isinstance(value, list):
-            return tuple(value)
-        return value
+    def _make(cls, values: dict[str, Any], fields_set: set[str]) -> Workload:
+        w = cls.__new__(cls)
+        w._set(values, fields_set)
+        return w
 
-    @field_validator("as_family", mode="after")
-    @classmethod
-    def _known_family(cls, value: str | None) -> str | None:
-        from gpuready.models.spec import LM_TYPES
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"Workload is immutable: use model_copy(update={{{name!r}: ...}})")
 
-        if value is not None and value not in LM_TYPES:
-            raise ValueError(f"got {value!r}; allowed: {', '.join(LM_TYPES)}")
-        return value
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError("Workload is immutable")
 
-    @model_validator(mode="after")
-    def _consistent(self) -> Workload:
-        if self.task == "infer" and self.method != "full":
-            raise ValueError("method: LoRA/QLoRA are training methods; use --task train or drop --method")
-        if self.shard != "none" and self.gpus < 2:
-            raise ValueError(f"shard: --shard {self.shard} needs --gpus 2 or more")
-        return self
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        assert isinstance(other, Workload)
+        return self._hash == other._hash and self._key == other._key
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __repr__(self) -> str:
+        return f"Workload({', '.join(f'{name}={getattr(self, name)!r}' for name in FIELDS)})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Workload._make, (dict(zip(FIELDS, self._key, strict=True)), set(self._fields_set)))
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        return iter(zip(FIELDS, self._key, strict=True))
+
+    @property
+    def model_fields_set(self) -> set[str]:
+        """The fields given when it was made (and by model_copy's updates), as pydantic keeps them."""
+        return set(self._fields_set)
+
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Workload:
+        """A copy with `update` applied as given, not validated (as pydantic's model_copy)."""
+        key = list(self._key)
+        for name, value in (update or {}).items():
+            index = _INDEX.get(name)
+            if index is None:
+                raise ValueError(f"unknown workload field: {name}")
+            key[index] = value
+        w = Workload.__new__(Workload)
+        w._fill(tuple(key), self._fields_set | update.keys() if update else set(self._fields_set))
+        return w
+
+    def model_dump(self, *, mode: str = "python") -> dict[str, Any]:
+        """The fields as a dict; mode="json": tuples as lists."""
+        out = dict(zip(FIELDS, self._key, strict=True))
+        if mode == "json" and out["lora_targets"] is not None:
+            out["lora_targets"] = list(out["lora_targets"])
+        return out
 
     @property
     def training(self) -> bool:
         return self.task == "train"
 
 
-FIELDS: tuple[str, ...] = tuple(Workload.model_fields)
+# the slots' descriptors, in the order _set fills them: the fields, then the key, its hash and the fields given
+_SLOTS = [Workload.__dict__[name] for name in (*FIELDS, "_key", "_hash", "_fields_set")]
+_INDEX = {name: i for i, name in enumerate(FIELDS)}
+
+_MODEL: list[type[BaseModel]] = []
+
+
+def _pydantic_model() -> type[BaseModel]:
+    """The pydantic model of the rules above, built on first use (values Workload does not take as they are)."""
+    if _MODEL:
+        return _MODEL[0]
+    from pydantic import ConfigDict, Field, create_model, field_validator, model_validator
+
+    specs: dict[str, Any] = {}
+    for name, default in DEFAULTS.items():
+        if name == "model":
+            specs[name] = (str, Field(min_length=1))
+        elif name in INT_BOUNDS:
+            lo, hi = INT_BOUNDS[name]
+            specs[name] = (int, Field(default=default, ge=lo, le=hi))
+        elif name in CHOICES:
+            specs[name] = (Literal[CHOICES[name]], default)
+        elif name == "grad_ckpt":
+            specs[name] = (bool, default)
+        elif name == "lora_targets":
+            specs[name] = (tuple[str, ...] | None, default)
+        else:
+            specs[name] = (str | None, default)
+
+    def consistent(self: Any) -> Any:
+        error = _consistency_error({name: getattr(self, name) for name in FIELDS})
+        if error:
+            raise ValueError(error)
+        return self
+
+    validators: dict[str, Any] = {
+        "_split_targets": field_validator("lora_targets", mode="before")(lambda cls, v: _split_targets(v)),
+        "_known_family": field_validator("as_family", mode="after")(lambda cls, v: _known_family(v)),
+        "_consistent": model_validator(mode="after")(consistent),
+    }
+    model: type[BaseModel] = create_model(
+        "Workload", __config__=ConfigDict(frozen=True, extra="forbid"), __validators__=validators, **specs
+    )
+    _MODEL.append(model)
+    return model
 
 
 def _range_hint(name: str) -> str | None:
     """`an integer from 1 to 1,000,000`, from the field's own bounds."""
-    lo = hi = None
-    for meta in Workload.model_fields[name].metadata:
-        lo = getattr(meta, "ge", lo)
-        hi = getattr(meta, "le", hi)
-    if lo is None or hi is None:
+    if name not in INT_BOUNDS:
         return None
+    lo, hi = INT_BOUNDS[name]
     return f"an integer from {lo:,} to {hi:,}"
 
 
@@ -108,6 +308,11 @@ def make_workload(**fields: Any) -> Workload:
     unknown = sorted(set(clean) - set(FIELDS))
     if unknown:
         raise InputError(unknown[0], f"unknown workload field; allowed: {', '.join(FIELDS)}")
+    values = _plain(clean)
+    if values is not None:  # the common case: no pydantic (Workload's own check)
+        return Workload._make(values, set(clean))
+    from pydantic import ValidationError
+
     try:
         return Workload(**clean)
     except ValidationError as exc:
@@ -132,6 +337,8 @@ def make_workload(**fields: Any) -> Workload:
 
 def load_workload_file(path: str | Path) -> dict[str, Any]:
     """Read a TOML workload file (same field names as the flags; `[workload]` table optional)."""
+    import tomllib  # only when a file is read
+
     p = Path(path)
     try:
         with p.open("rb") as fh:
