@@ -228,3 +228,24 @@ def test_lora_program_loads_and_starts_the_forward_as_recorded(name: str, job: s
         theirs, ours = compute.first_difference
         assert "lora_adapters" not in ours.label and "cublas" not in ours.label
         assert "_device.py" not in theirs.label and "embedding" not in theirs.label  # past loading and embedding
+
+
+def test_program_under_a_cap_fails_in_the_third_step_as_the_recorded_requests_do() -> None:
+    # the probe runs three steps; llama-3.1-8b LoRA 1 x 2048's recorded requests under a 37.0 GiB cap fail on the
+    # third step's fp32 logits (the cache after the second step's release holds no whole logits-sized block); the
+    # program of two steps completed under that cap, promising a fit the GPU did not have
+    from gpuready.memory.allocator import replay
+    from gpuready.memory.lm.programs import train_program
+    from gpuready.models import resolve_model
+    from gpuready.workload import workload_from_args
+
+    doc = load_history(HISTORIES / "lora_llama8b_b1.json.gz")
+    w = workload_from_args("llama-3.1-8b --task train --method lora --lora-r 16 --batch 1 --seq 2048 --precision bf16")
+    prog = train_program(resolve_model(w.model), w)
+    for cap_gib in (37.0, 37.3):
+        cap = int(cap_gib * 2**30)
+        assert replay_capped(doc, cap).model_failed_at is not None
+        assert replay(prog.events, cap).oom_event is not None, cap_gib
+    # and where the recorded requests complete after releases, so does the program
+    assert replay_capped(doc, int(38.3 * 2**30)).model_failed_at is None
+    assert replay(prog.events, int(38.3 * 2**30)).oom_event is None
