@@ -186,3 +186,66 @@ def test_allocator_model_under_the_cap_does_what_the_gpu_did(name: str) -> None:
     else:
         assert res.model_fails_there is True
         assert res.gpu_oom_bytes == 3_737_124_864  # 3 x 2048 x 152064 fp32 logits, rounded to 2 MiB
+
+
+# round 10 (2026-12-01): the LoRA programs against the same capped histories
+CAPPED_JOBS = [
+    ("lora_qwen7b_s2048_b3_cap80.json.gz", "qwen2.5-7b --method lora --seq 2048 --batch 3"),
+    ("lora_ckpt_qwen3b_s2048_b4_cap24.json.gz", "qwen2.5-3b --method lora --grad-ckpt --seq 2048 --batch 4"),
+    ("lora_ckpt_qwen7b_s1024_b10_cap40.json.gz", "qwen2.5-7b --method lora --grad-ckpt --seq 1024 --batch 10"),
+]
+
+
+@pytest.mark.parametrize(("name", "job"), CAPPED_JOBS)
+def test_lora_program_under_the_recorded_cap_fails_or_runs_as_the_gpu_did(name: str, job: str) -> None:
+    from gpuready.memory.allocator import replay
+    from gpuready.memory.lm.programs import train_program
+    from gpuready.models import resolve_model
+    from gpuready.workload import workload_from_args
+
+    doc = load_history(HISTORIES / name)
+    w = workload_from_args(job)
+    stats = replay(train_program(resolve_model(w.model), w).events, doc["memory_cap_bytes"])
+    gpu = replay_capped(doc)
+    assert (stats.oom_event is not None) == (gpu.gpu_oom_event is not None)
+    if gpu.gpu_oom_event is None:
+        assert stats.peak_reserved_bytes == pytest.approx(gpu.gpu_reserved_bytes, rel=0.01)
+
+
+@pytest.mark.parametrize(("name", "job"), CAPPED_JOBS[:2])
+def test_lora_program_loads_and_starts_the_forward_as_recorded(name: str, job: str) -> None:
+    # peft moves every adapter to the GPU after the whole model is built, in the weights' dtype, then casts each to
+    # fp32; the forward's cuBLAS workspace comes after the embedding output (rotary's matmul). With the adapters
+    # among the weights and the workspace made first, the first large segment made differently was a 20 MiB one
+    # for an adapter (qwen2.5-7b: history 26 MiB for a 24.5 MiB weight) and then the 32 MiB workspace
+    from gpuready.memory.lm.programs import train_program
+    from gpuready.models import resolve_model
+    from gpuready.workload import workload_from_args
+
+    w = workload_from_args(job)
+    compute = compare_program(load_history(HISTORIES / name), train_program(resolve_model(w.model), w))[0]
+    if compute.first_difference is not None:
+        theirs, ours = compute.first_difference
+        assert "lora_adapters" not in ours.label and "cublas" not in ours.label
+        assert "_device.py" not in theirs.label and "embedding" not in theirs.label  # past loading and embedding
+
+
+def test_program_under_a_cap_fails_in_the_third_step_as_the_recorded_requests_do() -> None:
+    # the probe runs three steps; llama-3.1-8b LoRA 1 x 2048's recorded requests under a 37.0 GiB cap fail on the
+    # third step's fp32 logits (the cache after the second step's release holds no whole logits-sized block); the
+    # program of two steps completed under that cap, promising a fit the GPU did not have
+    from gpuready.memory.allocator import replay
+    from gpuready.memory.lm.programs import train_program
+    from gpuready.models import resolve_model
+    from gpuready.workload import workload_from_args
+
+    doc = load_history(HISTORIES / "lora_llama8b_b1.json.gz")
+    w = workload_from_args("llama-3.1-8b --task train --method lora --lora-r 16 --batch 1 --seq 2048 --precision bf16")
+    prog = train_program(resolve_model(w.model), w)
+    for cap_gib in (37.0, 37.3):
+        cap = int(cap_gib * 2**30)
+        assert replay_capped(doc, cap).model_failed_at is not None
+        assert replay(prog.events, cap).oom_event is not None, cap_gib
+    # and where the recorded requests complete after releases, so does the program
+    assert replay_capped(doc, int(38.3 * 2**30)).model_failed_at is None
+    assert replay(prog.events, int(38.3 * 2**30)).oom_event is None

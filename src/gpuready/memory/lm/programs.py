@@ -27,9 +27,12 @@ from gpuready.memory.program import Program
 from gpuready.models.spec import ModelSpec
 from gpuready.workload import Workload
 
-# Optimizer steps simulated. The first creates the optimizer states, the second runs with them and sets the
-# peak; the calibration runs made three, and simulating the third changes none of the 35 measured rows.
-STEPS = 2
+# Optimizer steps simulated: as many as the probe runs (trial/probe.py LM_STEPS, the calibration runs' three). The
+# first creates the optimizer states, the second runs with them and sets the peak with no limit; under a limit the
+# third can fail where the second did not, because the second's release leaves the cache laid out differently: the
+# recorded history lora_llama8b_b1 (llama-3.1-8b LoRA, 1 x 2048) replayed under caps of 36.9-37.4 GiB fails on the
+# third step's fp32 logits, and the program of two steps completed there (tests/memory/test_history.py).
+STEPS = 3
 
 
 # Decode steps replayed one token at a time; the rest of a longer generation is replayed in DECODE_COARSE steps of
@@ -56,8 +59,10 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
     # one cuBLAS workspace for the forward's handle, and one for the autograd thread's, made by backward's first
     # matmul (after that matmul's output): the recorded history of qwen2.5-0.5b (ddp_qwen05, rank 0) places it in
     # a freed fp32-logits block, which splits it, and the next step's logits need a segment of their own
-    # (qwen2.5-0.5b full, 8 x 1024: 27.90 GiB predicted with both made up front, 32.52 measured)
-    prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
+    # (qwen2.5-0.5b full, 8 x 1024: 27.90 GiB predicted with both made up front, 32.52 measured). The forward's is
+    # made by the job's first matmul, the rotary embedding's inv_freq @ positions, after the embedding output (the
+    # recorded H200 history lora_qwen7b_s2048_b3_cap80: the 42 MiB embedding output, then the 32 MiB workspace)
+    forward_workspace = True
     backward_workspace = True
     state: list[int] | None = None
     for step in range(STEPS):
@@ -81,6 +86,9 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
             if fsdp:
                 fsdp.gather(root)
             x = prog.alloc("activations", T * h * r)  # embedding output, the residual stream
+            if forward_workspace:
+                prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
+                forward_workspace = False
             # under FSDP the residual stream is replayed tensor by tensor, as the recorded history of FSDP2
             # qwen2.5-3b (fsdp_qwen3b_b2) shows it: each plain layer's output is a new tensor, and the decoder loop
             # drops the layer's input only once the layer has returned, after FSDP's post-forward hook has resharded

@@ -58,10 +58,22 @@ def load_weights(prog: Program, ctx: Ctx, whole_first: bool = True) -> Weights:
     unit = spec.layers  # the root until the first layer
 
     meta = n > 1 and not whole_first
+    # peft adds the adapters after from_config has built the whole model (get_peft_model), so on one GPU their
+    # allocations come after every weight: each adapter moved to its base layer's device in the base weights'
+    # dtype (tuners_utils._move_adapter_to_device_of_base_layer), lora_A then lora_B module by module, then each
+    # cast to fp32 in the same order (cast_adapter_dtype: the fp32 copy made, the moved one freed). The recorded
+    # H200 history lora_qwen7b_s2048_b3_cap80 shows both passes after the last weight (benchmarks/allocator_check.py
+    # --job). Under FSDP and QLoRA the adapters stay where the parameters are built (not recorded).
+    deferred: list[int] = []  # the adapters' numels, in peft's order
+    defer = n == 1 and ctx.w.method == "lora"
 
     def param(nbytes: int, numel: int, trains: bool, cat: str = "weights") -> None:
-        handles[unit].append(prog.alloc(cat, -(-nbytes // n) if meta else nbytes))
         units[unit].append(nbytes)
+        if defer and cat == "lora_adapters":
+            deferred.append(numel)
+            trainable.append(Trainable(numel, 4))
+            return
+        handles[unit].append(prog.alloc(cat, -(-nbytes // n) if meta else nbytes))
         if trains:
             # FSDP keeps 1/n of every parameter (a DTensor shard) on each GPU
             trainable.append(Trainable(-(-numel // n), p if cat == "weights" else 4))
@@ -106,6 +118,11 @@ def load_weights(prog: Program, ctx: Ctx, whole_first: bool = True) -> Weights:
         # from_config builds lm_head with its own weight, then tie_weights() points it at the embedding and the
         # built one is freed: its block stays cached (every tied model's recorded H200 history shows it)
         prog.free(prog.alloc("weights", -(-spec.vocab * h * p // n) if meta else spec.vocab * h * p))
+    moved = [prog.alloc("lora_adapters", numel * p) for numel in deferred]
+    if p != 4:
+        for handle, numel in zip(moved, deferred, strict=True):
+            prog.alloc("lora_adapters", numel * 4)
+            prog.free(handle)
     if n > 1 and not meta:
         for sizes, full in zip(units, handles, strict=True):
             for nbytes in sizes:
