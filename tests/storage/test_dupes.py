@@ -138,3 +138,63 @@ def test_small_files_sharing_their_first_bytes_are_told_apart_by_every_byte(tmp_
     r = find_duplicates([tmp_path])
     assert sorted([Path(p).name for p in g.paths] for g in r.groups) == [["a", "c", "f"], ["b", "e"]]
     assert r.bytes_read == 7 * 5000 and not r.changed_files
+
+
+def _small_race_tree(tmp_path: Path) -> tuple[Path, bytes]:
+    body = os.urandom(3000)
+    for name in ("a", "b", "c", "d"):
+        _write(tmp_path / name, body)
+    return tmp_path, body
+
+
+@pytest.mark.parametrize("how", ["rewritten in place", "replaced by another file", "removed"])
+def test_a_small_file_changed_between_listing_and_reading_is_reported_never_grouped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    # the bytes compared must be those of the file the scan listed (size, mtime_ns, inode): checked per file
+    from gpuready.storage import dupes
+
+    root, body = _small_race_tree(tmp_path)
+    listed = dupes._scan
+
+    def scan_then_change(*args: object, **kwargs: object) -> object:
+        sc = listed(*args, **kwargs)  # type: ignore[arg-type]
+        victim = root / "b"
+        if how == "rewritten in place":
+            st = victim.stat()
+            victim.write_bytes(body)  # the same bytes: only its mtime tells, and that is enough
+            os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        elif how == "replaced by another file":
+            _write(root / "b.new", body)
+            os.replace(root / "b.new", victim)
+        else:
+            victim.unlink()
+        return sc
+
+    monkeypatch.setattr(dupes, "_scan", scan_then_change)
+    r = find_duplicates([root])
+    assert [sorted(Path(p).name for p in g.paths) for g in r.groups] == [["a", "c", "d"]]
+    bad = r.unreadable_files if how == "removed" else r.changed_files
+    assert bad == [str(root / "b")]
+    assert r.bytes_read == 3 * 3000
+
+
+def test_a_size_group_too_big_to_hold_is_keyed_by_digests_with_the_same_groups(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a size group with more content than _HOLD is not held in memory: each file is keyed by its BLAKE3-256
+    from gpuready.storage import dupes
+
+    base = bytearray(os.urandom(5000))
+    last, middle = bytearray(base), bytearray(base)
+    last[-1] ^= 1
+    middle[2500] ^= 1
+    for name, data in (("a", base), ("b", last), ("c", base), ("d", middle), ("e", last), ("f", base)):
+        _write(tmp_path / name, bytes(data))
+    held = find_duplicates([tmp_path])
+    monkeypatch.setattr(dupes, "_HOLD", 0)
+    by_digest = find_duplicates([tmp_path])
+    for r in (held, by_digest):
+        assert sorted([Path(p).name for p in g.paths] for g in r.groups) == [["a", "c", "f"], ["b", "e"]]
+        assert r.bytes_read == 6 * 5000 and not r.changed_files
+    assert sorted(g.digest for g in held.groups) == sorted(g.digest for g in by_digest.groups)

@@ -226,21 +226,28 @@ def _life(layout: Any) -> str:
 
 
 def shown(path: str) -> str:
-    """A name as printed: control characters and undecodable bytes (surrogateescape) as escapes, so one file
-    is one line and the terminal never receives raw control bytes."""
-    if path.isprintable():
+    """A name as printed: one file is one line, the terminal never receives raw control bytes, and two
+    different names never print alike. Escapes, the same whatever else the name holds: a backslash is always
+    `\\\\`; a byte that is not UTF-8 (surrogateescape) is `\\xNN`, the byte; a character that is not
+    printable is `\\xNN` below 0x80 (where the character and its byte agree), else `\\uNNNN` or
+    `\\UNNNNNNNN`, the code point (U+0085 is `\\u0085`, never confused with the byte 0x85)."""
+    if path.isprintable() and "\\" not in path:
         return path
     out = []
     for c in path:
         o = ord(c)
-        if 0xDC80 <= o <= 0xDCFF:  # a byte that was not UTF-8
-            out.append(f"\\x{o - 0xDC00:02x}")
-        elif c == "\\":
+        if c == "\\":
             out.append("\\\\")
-        elif not c.isprintable():
-            out.append(f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}")
-        else:
+        elif 0xDC80 <= o <= 0xDCFF:  # a byte that was not UTF-8
+            out.append(f"\\x{o - 0xDC00:02x}")
+        elif c.isprintable():
             out.append(c)
+        elif o < 0x80:
+            out.append(f"\\x{o:02x}")
+        elif o <= 0xFFFF:
+            out.append(f"\\u{o:04x}")
+        else:
+            out.append(f"\\U{o:08x}")
     return "".join(out)
 
 

@@ -2,11 +2,11 @@
 
 Content is the only proof of equality. A name (a Hugging Face blob's sha256 file name, an etag) says what a
 file *should* hold, not what it holds: a corrupt blob keeps its name (issue 9). So every byte of every
-candidate of a size group is read before it is grouped: files up to `SMALL` bytes in one read each, in batches
-in the scanning thread (no thread per small file: handing the interpreter lock around costs more than reading a
-4 KiB file), compared byte for byte (only duplicates are hashed, to name their group); larger ones hashed in
-full (BLAKE3, 256 bits) after a head+tail filter, in a thread pool (the pipeline fclones, czkawka and jdupes
-share; reference/storage.md §1a).
+candidate of a size group is read before it is grouped: files up to `SMALL` bytes in one read each, one size
+group at a time in the scanning thread (no thread per small file: handing the interpreter lock around costs
+more than reading a 4 KiB file), compared byte for byte (only duplicates are hashed, to name their group);
+larger ones hashed in full (BLAKE3, 256 bits) after a head+tail filter, in a thread pool (the pipeline
+fclones, czkawka and jdupes share; reference/storage.md §1a).
 
 The scan keeps one packed record per file (inode, mtime_ns, folder index + name as bytes), so 200k
 files cost about as much memory as jdupes' C structures (docs/storage_benchmark.md).
@@ -37,7 +37,8 @@ from gpuready.storage.hashing import BLOCK, FileChangedError, hash_file, head_ta
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 SMALL = 64 * 1024  # up to this size a file is read whole in one call and hashed inline (batches)
-_BATCH = 512  # small files per pool task
+_PROGRESS = 2048  # small files between two progress reports
+_HOLD = 32 << 20  # a size group of small files with more content than this is keyed by digests, not held
 _KEY = 64  # small files of one size are told apart by their first bytes, then by every byte
 _REC = struct.Struct("=QqI")  # ino, mtime_ns, folder index; the name's bytes follow (device: per folder)
 _FS_ENC, _FS_ERR = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()  # what os.fsdecode uses
@@ -247,6 +248,7 @@ def _scan(roots: list[bytes], min_size: int, progress: Progress | None) -> _Scan
     sc = _Scan()
     pack = _REC.pack
     by_size = sc.by_size
+    S_ISREG = stat.S_ISREG  # a local: looked up once, not per file
     for root in roots:
         try:
             st = os.lstat(root)
@@ -273,6 +275,7 @@ def _scan(roots: list[bytes], min_size: int, progress: Progress | None) -> _Scan
                 by_size[st.st_size].append(pack(st.st_ino, st.st_mtime_ns, len(sc.dirs) - 1) + name)
             continue
         stack = [root]
+        files = total = 0  # counted in locals: an attribute update per file is a measurable share
         while stack:
             folder = stack.pop()
             try:
@@ -286,6 +289,8 @@ def _scan(roots: list[bytes], min_size: int, progress: Progress | None) -> _Scan
             sc.devs.append(dev)
             with it:
                 for entry in it:
+                    # the entry's type comes from the listing itself (d_type): no system call for folders and
+                    # symlinks; one lstat for everything else (a file's size, inode and mtime_ns)
                     try:
                         if entry.is_dir(follow_symlinks=False):
                             stack.append(entry.path)
@@ -296,11 +301,11 @@ def _scan(roots: list[bytes], min_size: int, progress: Progress | None) -> _Scan
                         est = entry.stat(follow_symlinks=False)
                     except OSError:
                         continue  # vanished between listing and stat
-                    if not stat.S_ISREG(est.st_mode):
+                    if not S_ISREG(est.st_mode):
                         continue  # fifos, sockets, devices are never opened
                     size = est.st_size
-                    sc.files += 1
-                    sc.total_bytes += size
+                    files += 1
+                    total += size
                     if size >= min_size:
                         if est.st_dev != dev:
                             if dev == -1:  # the folder's device is that of its first file
@@ -312,7 +317,9 @@ def _scan(roots: list[bytes], min_size: int, progress: Progress | None) -> _Scan
                                 continue
                         by_size[size].append(pack(est.st_ino, est.st_mtime_ns, idx) + entry.name)
             if progress is not None:
-                progress("listing", sc.files, 0)
+                progress("listing", sc.files + files, 0)
+        sc.files += files
+        sc.total_bytes += total
     return sc
 
 
@@ -333,78 +340,108 @@ def _blake3() -> Any:
     return blake3
 
 
-_SmallResult = tuple[list[int | str], dict[int, bytes]]
+_SmallGroups = list[tuple[bytes, list[bytes]]]
 
 
-def _hash_small(dirs: list[bytes], batch: list[tuple[int, list[bytes]]]) -> list[_SmallResult]:
-    """Whole small files, one read each, grouped by their bytes; a batch is a list of (size, records).
+def _small_groups(
+    dirs: list[bytes], size: int, recs: list[bytes], changed: list[bytes], unreadable: list[bytes]
+) -> _SmallGroups:
+    """The duplicates among the small files of one size: (BLAKE3 digest, records) per content two or more hold.
 
-    Per size group: for each file the index of the first file with the same bytes (itself if none), or why it
-    has none; and the BLAKE3 digest of each content held by two files or more. Files are keyed by their first
-    `_KEY` bytes, and those that share them by their whole content, so equality is decided by comparing
-    every byte (as jdupes does), not by a digest, and only duplicates are hashed (a digest names the group
-    in the report).
+    Every file is read whole in one call. Files are keyed by their first `_KEY` bytes, and those that share
+    them by their whole content, so equality is decided by comparing every byte (as jdupes does), not by a
+    digest, and only duplicates are hashed (a digest names the group in the report). A size group with more
+    than `_HOLD` bytes of content is not held in memory: its files are keyed by their BLAKE3-256 digests, the
+    proof large files get.
 
-    A file is "changed" unless, after the read, it is still the one the scan listed (size, mtime_ns, inode):
-    one fstat per file is the cheapest proof that the bytes compared are the bytes listed. The loop is
-    inlined on purpose: at ~20 µs a file, a function call per file is a measurable share.
+    A file goes to `changed` unless, after the read, it is still the one the scan listed (size, mtime_ns,
+    inode): one fstat per file is the cheapest proof that the bytes compared are the bytes listed. Files that
+    cannot be opened or read go to `unreadable`. The loop is inlined on purpose: at ~15 µs a file, most of it
+    four system calls, each Python step per file is a measurable share (docs/storage_benchmark.md).
     """
     b3 = _blake3()
     unpack = _REC.unpack_from
     skip = _REC.size
-    out: list[_SmallResult] = []
-    for size, recs in batch:
-        firsts: list[int | str] = []
-        put = firsts.append
-        heads: dict[bytes, int] = {}  # first _KEY bytes -> the first file that starts so
-        seen: dict[bytes, dict[bytes, int]] = {}  # first _KEY bytes -> whole content -> its first file
-        datas: dict[int, bytes] = {}  # content of each file first with its head, until a second one shows
-        counted: dict[int, bytes] = {}
-        for i, rec in enumerate(recs):
-            ino, mtime_ns, idx = unpack(rec)
-            path = dirs[idx] + b"/" + rec[skip:]
-            try:
-                fd = os.open(path, _OPEN_FLAGS)
-            except OSError:
-                put(_UNREADABLE)
+    open_, read, fstat, close, flags = os.open, os.read, os.fstat, os.close, _OPEN_FLAGS
+    by_digest = len(recs) * size > _HOLD
+    heads: dict[bytes, tuple[bytes, bytes]] = {}  # first _KEY bytes -> (record, content) of the first file
+    seen: dict[bytes, dict[bytes, list[bytes]]] = {}  # first _KEY bytes shared -> content -> records
+    digests: dict[bytes, list[bytes]] = {}  # by_digest: BLAKE3 digest -> records
+    for rec in recs:
+        ino, mtime_ns, idx = unpack(rec)
+        path = dirs[idx] + b"/" + rec[skip:]
+        try:
+            fd = open_(path, flags)
+        except OSError:
+            unreadable.append(rec)
+            continue
+        try:
+            data = read(fd, size + 1)
+            st = fstat(fd)
+        except OSError:
+            unreadable.append(rec)
+            continue
+        finally:
+            close(fd)
+        if st.st_mtime_ns != mtime_ns or st.st_ino != ino or st.st_size != size or len(data) != size:
+            got = _read_again(path, size, (size, mtime_ns, ino), st, data)
+            if isinstance(got, str):
+                (changed if got == _CHANGED else unreadable).append(rec)
                 continue
-            try:
-                data = os.read(fd, size + 1)
-                st = os.fstat(fd)
-            except OSError:
-                put(_UNREADABLE)
-                continue
-            finally:
-                os.close(fd)
-            if st.st_size != size or st.st_mtime_ns != mtime_ns or st.st_ino != ino or len(data) > size:
-                put(_CHANGED)
-                continue
-            if len(data) < size:  # a short read (some network filesystems): the looping reader
-                try:
-                    with open(path, "rb") as fh:
-                        data = fh.read(size + 1)
-                    if len(data) != size or os.stat(path).st_mtime_ns != mtime_ns:
-                        put(_CHANGED)
-                        continue
-                except OSError:
-                    put(_UNREADABLE)
-                    continue
-            # Files of one size mostly differ in their first bytes: a dict keyed by those is cheap (hashing
-            # the whole content costs ~2.5 us a 4 KiB file); only files that share them are keyed by every byte.
-            head = data[:_KEY]
-            j = heads.setdefault(head, i)
-            if j == i:
-                datas[i] = data
-            else:
-                same = seen.get(head)
-                if same is None:
-                    same = seen[head] = {datas[j]: j}
-                j = same.setdefault(data, i)
-                if j != i and j not in counted:
-                    counted[j] = data
-            put(j)
-        out.append((firsts, {j: b3(data, max_threads=1).digest() for j, data in counted.items()}))
-    return out
+            data = got
+        if by_digest:
+            digests.setdefault(b3(data, max_threads=1).digest(), []).append(rec)
+            continue
+        # Files of one size mostly differ in their first bytes: a dict keyed by those is cheap (hashing the
+        # whole content costs ~2.5 us a 4 KiB file); only files that share them are keyed by every byte.
+        first = (rec, data)
+        other = heads.setdefault(data[:_KEY], first)
+        if other is first:
+            continue
+        same = seen.get(data[:_KEY])
+        if same is None:
+            same = seen[data[:_KEY]] = {other[1]: [other[0]]}
+        members = same.get(data)
+        if members is None:
+            same[data] = [rec]
+        else:
+            members.append(rec)
+    if by_digest:
+        return [(digest, members) for digest, members in digests.items() if len(members) > 1]
+    return [
+        (b3(content, max_threads=1).digest(), members)
+        for same in seen.values()
+        for content, members in same.items()
+        if len(members) > 1
+    ]
+
+
+def _read_again(path: bytes, size: int, listed: tuple[int, int, int], st: os.stat_result, data: bytes) -> bytes | str:
+    """The slow path of `_small_groups`: a file that changed (`_CHANGED`), or a short read (some network
+    filesystems return less than asked) read again in a loop and re-checked, or `_UNREADABLE`."""
+    if (st.st_size, st.st_mtime_ns, st.st_ino) != listed or len(data) > size:
+        return _CHANGED
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except OSError:
+        return _UNREADABLE
+    try:
+        parts = []
+        got = 0
+        while got <= size:
+            part = os.read(fd, size + 1 - got)
+            if not part:
+                break
+            parts.append(part)
+            got += len(part)
+        st = os.fstat(fd)
+    except OSError:
+        return _UNREADABLE
+    finally:
+        os.close(fd)
+    if got != size or (st.st_size, st.st_mtime_ns, st.st_ino) != listed:
+        return _CHANGED
+    return b"".join(parts)
 
 
 def _partial(path: bytes, size: int, ino: int, mtime_ns: int) -> _Outcome:
@@ -440,23 +477,6 @@ def _bounded(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], jobs: Iterator[
         yield j, fut.result()
 
 
-def _batches(items: list[tuple[int, list[bytes]]], per_batch: int) -> Iterator[list[tuple[int, list[bytes]]]]:
-    """`items` in batches of about `per_batch` records, taken out of `items` as they go: once a batch is
-    settled, the records of files that turned out unique are freed (and their memory reused) mid-scan."""
-    batch: list[tuple[int, list[bytes]]] = []
-    count = 0
-    items.reverse()
-    while items:
-        item = items.pop()
-        batch.append(item)
-        count += len(item[1])
-        if count >= per_batch:
-            yield batch
-            batch, count = [], 0
-    if batch:
-        yield batch
-
-
 @dataclass
 class _Grouper:
     """Turns outcomes into groups; a record stands for its inode, `links` holds the inode's other names."""
@@ -487,18 +507,15 @@ class _Grouper:
                 bad.extend(os.fsdecode(self.sc.path(r)) for r in self.names(rec))
         return buckets
 
-    def settle_small(self, size: int, recs: list[bytes], firsts: list[int | str], digests: dict[int, bytes]) -> None:
-        members: dict[int, list[bytes]] = {}
-        for rec, j in zip(recs, firsts, strict=True):
-            if isinstance(j, str):
-                bad = self.changed if j == _CHANGED else self.unreadable
-                bad.extend(os.fsdecode(self.sc.path(r)) for r in self.names(rec))
-                continue
-            self.bytes_read += size
-            if j in digests:
-                members.setdefault(j, []).append(rec)
-        for j, recs_j in members.items():
-            self.groups.append(self._group(size, digests[j], recs_j))
+    def settle_small(
+        self, size: int, n: int, groups: _SmallGroups, changed: list[bytes], unreadable: list[bytes]
+    ) -> None:
+        """The outcome of `_small_groups` on `n` files of `size` bytes."""
+        for bad, recs in ((self.changed, changed), (self.unreadable, unreadable)):
+            bad.extend(os.fsdecode(self.sc.path(r)) for rec in recs for r in self.names(rec))
+        self.bytes_read += size * (n - len(changed) - len(unreadable))
+        for digest, recs in groups:
+            self.groups.append(self._group(size, digest, recs))
 
     def emit(self, size: int, buckets: dict[bytes, list[bytes]]) -> None:
         for digest, recs in buckets.items():
@@ -583,18 +600,24 @@ def _find_duplicates(
     total_small = sum(len(r) for _, r in small)
     done = 0
     with ThreadPoolExecutor(max_workers=n_workers) as pool:
-        # small files: read whole, in batches of whole size groups, in this thread. Not on the pool: four short
+        # small files: read whole, one size group at a time, in this thread. Not on the pool: four short
         # system calls a file hand the interpreter lock back and forth between threads, and on an idle 2-core
         # machine two workers burned 17 s of CPU for 12 s of wall where one thread needs ~7 s for both
         # (docs/storage_benchmark.md, 2026-12-01 01:18 UTC)
-        hash_small = functools.partial(_hash_small, sc.dirs)
-        for batch in _batches(small, _BATCH):
-            results = hash_small(batch)
-            for (size, recs), (firsts, digests) in zip(batch, results, strict=True):
-                g.settle_small(size, recs, firsts, digests)
-                done += len(recs)
-            if progress is not None:
+        dirs = sc.dirs
+        last = 0
+        small.reverse()
+        while small:  # popped as they go: the records of files that turned out unique are freed mid-scan
+            size, recs = small.pop()
+            changed: list[bytes] = []
+            unreadable: list[bytes] = []
+            g.settle_small(size, len(recs), _small_groups(dirs, size, recs, changed, unreadable), changed, unreadable)
+            done += len(recs)
+            if progress is not None and done - last >= _PROGRESS:
                 progress("hashing small files", done, total_small)
+                last = done
+        if progress is not None:
+            progress("hashing small files", done, total_small)
         small.clear()
 
         # large files: head+tail blocks first (inline), then the survivors' full hashes in the pool
