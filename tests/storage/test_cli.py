@@ -166,3 +166,14 @@ def test_dupes_json_is_written_group_by_group_as_the_same_document(
     write_json_streaming(sys.stdout, data, "groups", (g.to_json() for g in report.groups))
     whole = {**report.to_json(), "plan": data["plan"]}
     assert capsys.readouterr().out == json.dumps(whole, indent=2) + "\n"
+
+
+def test_the_progress_bar_draws_without_a_thread_so_dupes_may_fork_its_readers() -> None:
+    import threading
+
+    from gpuready.cli.storage import _progress
+
+    with _progress(True) as update:
+        for done in range(0, 10_000, 2048):
+            update("hashing small files", done, 10_000)
+            assert threading.active_count() == 1

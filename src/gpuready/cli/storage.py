@@ -82,20 +82,27 @@ def progress_amount(stage: str, done: int, total: int) -> str:
 
 @contextlib.contextmanager
 def _progress(enabled: bool) -> Iterator[Callable[[str, int, int], None]]:
-    """A stage-aware progress callback drawing rich bars on stderr; a no-op under --json."""
+    """A stage-aware progress callback drawing rich bars on stderr; a no-op under --json.
+
+    Redrawn from the callback (at most 10 times a second), never from a refresh thread: `storage dupes`
+    forks readers only while no other thread runs (storage/dupes.py `_read_small`)."""
     if not enabled:
         yield lambda stage, done, total: None
         return
+    import time
+
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn
 
     tasks: dict[str, Any] = {}
+    drawn = [0.0]
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         TextColumn("{task.fields[amount]}"),
         console=Console(stderr=True),
         transient=True,
+        auto_refresh=False,
     ) as bar:
 
         def update(stage: str, done: int, total: int) -> None:
@@ -103,6 +110,10 @@ def _progress(enabled: bool) -> Iterator[Callable[[str, int, int], None]]:
             if stage not in tasks:
                 tasks[stage] = bar.add_task(stage, total=total or None, amount=amount)
             bar.update(tasks[stage], completed=done, total=total or None, amount=amount)
+            now = time.monotonic()
+            if now - drawn[0] >= 0.1:
+                bar.refresh()
+                drawn[0] = now
 
         yield update
 

@@ -18,12 +18,17 @@ and acts atomically (a hard link under a temporary name in the same folder, rena
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
+import marshal
+import mmap
 import os
+import signal
 import stat
 import struct
 import sys
+import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterator, Sequence
@@ -38,6 +43,9 @@ Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 SMALL = 64 * 1024  # up to this size a file is read whole in one call and hashed inline (batches)
 _PROGRESS = 2048  # small files between two progress reports
+_FORK_MIN = 8192  # small candidates below which one process reads them all (a fork costs milliseconds)
+_MAX_PROCS = 4  # processes reading small files at most
+_COUNT = struct.Struct("=q")
 _HOLD = 32 << 20  # a size group of small files with more content than this is keyed by digests, not held
 _KEY = 64  # small files of one size are told apart by their first bytes, then by every byte
 _REC = struct.Struct("=QqI")  # ino, mtime_ns, folder index; the name's bytes follow (device: per folder)
@@ -477,6 +485,112 @@ def _bounded(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], jobs: Iterator[
         yield j, fut.result()
 
 
+def _cpus() -> int:
+    """CPUs this process may run on (its affinity mask, which containers and taskset narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+_SmallOutcome = tuple[int, int, _SmallGroups, list[bytes], list[bytes]]  # size, files, groups, changed, unreadable
+
+
+def _small_share(
+    dirs: list[bytes], share: list[tuple[int, list[bytes]]], done: Callable[[int], None]
+) -> Iterator[_SmallOutcome]:
+    """`_small_groups` over size groups, popped from `share` as they go (the records of files that turned out
+    unique are freed mid-scan); `done(files)` every `_PROGRESS` files and at the end."""
+    count = last = 0
+    share.reverse()
+    while share:
+        size, recs = share.pop()
+        changed: list[bytes] = []
+        unreadable: list[bytes] = []
+        yield size, len(recs), _small_groups(dirs, size, recs, changed, unreadable), changed, unreadable
+        count += len(recs)
+        if count - last >= _PROGRESS:
+            done(count)
+            last = count
+    done(count)
+
+
+def _read_small(
+    dirs: list[bytes], small: list[tuple[int, list[bytes]]], g: _Grouper, procs: int, progress: Progress | None
+) -> None:
+    """Read and settle every small candidate, in this process or split over `procs` processes.
+
+    Not on threads: four short system calls a file hand the interpreter lock back and forth, and on an idle
+    2-core machine two threads burned 17 s of CPU for 12 s of wall where one needs ~7 s for both
+    (docs/storage_benchmark.md, 2026-12-01 01:18 UTC). With more than one CPU and at least `_FORK_MIN`
+    files, forked children each read a share of the size groups, exactly as this process does, and send back
+    only the duplicates they found and the files that changed or could not be read (marshal, over a pipe).
+    A child that fails or is killed leaves its share to this process, which reads it again. No fork while
+    other threads run (a child would inherit their locks held).
+    """
+    total = sum(len(recs) for _size, recs in small)
+    shares = [small]
+    if procs > 1 and total >= _FORK_MIN and hasattr(os, "fork") and threading.active_count() == 1:
+        shares = [[] for _ in range(min(procs, _MAX_PROCS))]
+        loads = [0] * len(shares)
+        for item in small:  # whole size groups, to the share with the fewest files so far
+            k = loads.index(min(loads))
+            shares[k].append(item)
+            loads[k] += len(item[1])
+        small.clear()
+    counts = mmap.mmap(-1, 8 * len(shares))  # files done per process, shared with the children: the progress bar
+    children: list[tuple[int, int, list[tuple[int, list[bytes]]]]] = []  # pid, pipe, share
+
+    def done(k: int) -> Callable[[int], None]:
+        def report(files: int) -> None:
+            _COUNT.pack_into(counts, 8 * k, files)
+            if progress is not None and k == 0:
+                progress(
+                    "hashing small files", sum(_COUNT.unpack_from(counts, 8 * i)[0] for i in range(len(shares))), total
+                )
+
+        return report
+
+    try:
+        for k, share in enumerate(shares[1:], 1):
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child: never returns, never runs the parent's cleanup or flushes its buffers
+                code = 1
+                try:
+                    os.close(r)
+                    payload = marshal.dumps(list(_small_share(dirs, share, done(k))))
+                    with open(w, "wb") as sink:
+                        sink.write(payload)
+                    code = 0
+                finally:
+                    os._exit(code)
+            os.close(w)
+            children.append((pid, r, share))
+        for outcome in _small_share(dirs, shares[0], done(0)):
+            g.settle_small(*outcome)
+        while children:
+            pid, r, share = children[0]
+            with open(r, "rb") as fh:
+                payload = fh.read()
+            _pid, status = os.waitpid(pid, 0)
+            children.pop(0)
+            outcomes: list[_SmallOutcome] | None = None
+            if os.waitstatus_to_exitcode(status) == 0:
+                with contextlib.suppress(EOFError, ValueError, TypeError):
+                    outcomes = marshal.loads(payload)
+            for outcome in outcomes if outcomes is not None else _small_share(dirs, share, lambda _n: None):
+                g.settle_small(*outcome)
+    finally:
+        for pid, r, _share in children:  # interrupted (Ctrl-C, an error): no child outlives the scan
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                os.waitpid(pid, 0)
+            with contextlib.suppress(OSError):
+                os.close(r)
+
+
 @dataclass
 class _Grouper:
     """Turns outcomes into groups; a record stands for its inode, `links` holds the inode's other names."""
@@ -562,7 +676,6 @@ def _find_duplicates(
         link = os.path.abspath(os.fspath(r))
         if os.path.islink(link) and not os.path.isdir(link) and link not in sc.symlinks:
             sc.symlinks.append(link)
-    n_workers = workers or min(4, os.cpu_count() or 1)
 
     # size groups with at least two inodes; a record stands for its inode, its other names go to `links`
     links: dict[bytes, list[bytes]] = {}
@@ -597,29 +710,9 @@ def _find_duplicates(
         ino, mtime, _i = _REC.unpack_from(rec)
         return (sc.path(rec), size, ino, mtime)
 
-    total_small = sum(len(r) for _, r in small)
-    done = 0
+    _read_small(sc.dirs, small, g, workers or _cpus(), progress)
+    n_workers = workers or min(4, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=n_workers) as pool:
-        # small files: read whole, one size group at a time, in this thread. Not on the pool: four short
-        # system calls a file hand the interpreter lock back and forth between threads, and on an idle 2-core
-        # machine two workers burned 17 s of CPU for 12 s of wall where one thread needs ~7 s for both
-        # (docs/storage_benchmark.md, 2026-12-01 01:18 UTC)
-        dirs = sc.dirs
-        last = 0
-        small.reverse()
-        while small:  # popped as they go: the records of files that turned out unique are freed mid-scan
-            size, recs = small.pop()
-            changed: list[bytes] = []
-            unreadable: list[bytes] = []
-            g.settle_small(size, len(recs), _small_groups(dirs, size, recs, changed, unreadable), changed, unreadable)
-            done += len(recs)
-            if progress is not None and done - last >= _PROGRESS:
-                progress("hashing small files", done, total_small)
-                last = done
-        if progress is not None:
-            progress("hashing small files", done, total_small)
-        small.clear()
-
         # large files: head+tail blocks first (inline), then the survivors' full hashes in the pool
         full: list[tuple[int, list[bytes]]] = []
         for size, recs in large:
