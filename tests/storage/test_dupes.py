@@ -319,3 +319,20 @@ def test_a_file_changed_after_listing_is_reported_by_a_forked_child_too(
     one, two = run(tmp_path / "one", 1), run(tmp_path / "two", 2)
     assert len(one[1]) == 14 and one[2] == ["s1/copy1"]  # type: ignore[arg-type]
     assert one == two
+
+
+@pytest.mark.parametrize("answer", [b"\x00" * 3, b"\x05\x00\x00\x00\x00\x00\x00\x00garbage", b"\xff" * 16])
+def test_a_child_whose_answer_does_not_parse_leaves_its_share_to_the_parent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, answer: bytes
+) -> None:
+    from gpuready.storage import dupes
+
+    _many_sizes_tree(tmp_path)
+    one = find_duplicates([tmp_path], workers=1)
+
+    def garbled(fd: int, _found: object) -> None:
+        os.write(fd, answer)
+
+    monkeypatch.setattr(dupes, "_FORK_MIN", 0)
+    monkeypatch.setattr(dupes, "_send", garbled)
+    _same_report(one, find_duplicates([tmp_path], workers=2))

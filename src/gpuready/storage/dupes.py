@@ -22,7 +22,6 @@ import contextlib
 import functools
 import gc
 import marshal
-import mmap
 import os
 import signal
 import stat
@@ -45,7 +44,7 @@ SMALL = 64 * 1024  # up to this size a file is read whole in one call and hashed
 _PROGRESS = 2048  # small files between two progress reports
 _FORK_MIN = 8192  # small candidates below which one process reads them all (a fork costs milliseconds)
 _MAX_PROCS = 4  # processes reading small files at most
-_COUNT = struct.Struct("=q")
+_FRAME = struct.Struct("=Q")  # a forked reader's frame: its length, then marshal data
 _HOLD = 32 << 20  # a size group of small files with more content than this is keyed by digests, not held
 _KEY = 64  # small files of one size are told apart by their first bytes, then by every byte
 _REC = struct.Struct("=QqI")  # ino, mtime_ns, folder index; the name's bytes follow (device: per folder)
@@ -493,26 +492,96 @@ def _cpus() -> int:
         return os.cpu_count() or 1
 
 
-_SmallOutcome = tuple[int, int, _SmallGroups, list[bytes], list[bytes]]  # size, files, groups, changed, unreadable
+_Share = list[tuple[int, list[bytes]] | None]  # size groups; None once settled
+_Found = tuple[int, int, list[tuple[bytes, list[int]]], list[int], list[int]]  # a child's outcome, by position
 
 
-def _small_share(
-    dirs: list[bytes], share: list[tuple[int, list[bytes]]], done: Callable[[int], None]
-) -> Iterator[_SmallOutcome]:
-    """`_small_groups` over size groups, popped from `share` as they go (the records of files that turned out
-    unique are freed mid-scan); `done(files)` every `_PROGRESS` files and at the end."""
-    count = last = 0
-    share.reverse()
-    while share:
-        size, recs = share.pop()
+def _send(fd: int, found: list[_Found]) -> None:
+    """One frame to the parent: length, then the marshalled outcomes (records as positions in the share)."""
+    data = marshal.dumps(found)
+    view = memoryview(_FRAME.pack(len(data)) + data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _child(dirs: list[bytes], share: list[tuple[int, list[bytes]]], fd: int) -> None:
+    """A forked reader: `_small_groups` over its share, sent back a frame every `_PROGRESS` files. Every record
+    goes back as its position in the share, which the parent holds too: a few bytes a duplicate, not its name."""
+    found: list[_Found] = []
+    files = 0
+    for i, (size, recs) in enumerate(share):
         changed: list[bytes] = []
         unreadable: list[bytes] = []
-        yield size, len(recs), _small_groups(dirs, size, recs, changed, unreadable), changed, unreadable
-        count += len(recs)
-        if count - last >= _PROGRESS:
-            done(count)
-            last = count
-    done(count)
+        groups = _small_groups(dirs, size, recs, changed, unreadable)
+        if groups or changed or unreadable:
+            pos = {rec: j for j, rec in enumerate(recs)}
+            found.append(
+                (
+                    i,
+                    len(recs),
+                    [(digest, [pos[r] for r in members]) for digest, members in groups],
+                    [pos[r] for r in changed],
+                    [pos[r] for r in unreadable],
+                )
+            )
+        else:
+            found.append((i, len(recs), [], [], []))
+        files += len(recs)
+        if files >= _PROGRESS:
+            _send(fd, found)
+            found, files = [], 0
+    _send(fd, found)
+
+
+@dataclass
+class _Reader:
+    """The parent's side of one forked reader: its pipe, and its share until each size group is settled."""
+
+    pid: int
+    fd: int
+    share: _Share
+    buf: bytearray = field(default_factory=bytearray)
+    settled: int = 0  # files
+    eof: bool = False
+    failed: bool = False
+
+    def drain(self, g: _Grouper, block: bool) -> None:
+        """Settle every whole frame that has come in; with `block`, wait for the child to finish first."""
+        if self.failed:
+            return
+        os.set_blocking(self.fd, block)
+        while not self.eof:
+            try:
+                data = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                break
+            if not data:
+                self.eof = True
+            self.buf += data
+        while len(self.buf) >= _FRAME.size:
+            (n,) = _FRAME.unpack_from(self.buf)
+            if len(self.buf) < _FRAME.size + n:
+                break
+            try:
+                found: list[_Found] = marshal.loads(bytes(self.buf[_FRAME.size : _FRAME.size + n]))
+                del self.buf[: _FRAME.size + n]
+                for i, files, groups, changed, unreadable in found:
+                    item = self.share[i]
+                    if item is None or files != len(item[1]):
+                        raise ValueError("a reader's answer does not match its share")
+                    size, recs = item
+                    g.settle_small(
+                        size,
+                        files,
+                        [(digest, [recs[j] for j in js]) for digest, js in groups],
+                        [recs[j] for j in changed],
+                        [recs[j] for j in unreadable],
+                    )
+                    self.share[i] = None  # its unique files' records are freed now
+                    self.settled += files
+            except (EOFError, ValueError, TypeError, IndexError):
+                self.failed = True  # what is left of its share is read again by the parent
+                return
 
 
 def _read_small(
@@ -523,72 +592,91 @@ def _read_small(
     Not on threads: four short system calls a file hand the interpreter lock back and forth, and on an idle
     2-core machine two threads burned 17 s of CPU for 12 s of wall where one needs ~7 s for both
     (docs/storage_benchmark.md, 2026-12-01 01:18 UTC). With more than one CPU and at least `_FORK_MIN`
-    files, forked children each read a share of the size groups, exactly as this process does, and send back
-    only the duplicates they found and the files that changed or could not be read (marshal, over a pipe).
-    A child that fails or is killed leaves its share to this process, which reads it again. No fork while
-    other threads run (a child would inherit their locks held).
+    files, forked children each read a share of the size groups exactly as this process reads its own, and
+    send back, as they go, only the duplicates they found and the files that changed or could not be read.
+    A child that fails or is killed leaves the rest of its share to this process, which reads it again. No
+    fork while other threads run (a child would inherit their locks held).
     """
     total = sum(len(recs) for _size, recs in small)
-    shares = [small]
+    readers: list[_Reader] = []
+    own: list[tuple[int, list[bytes]]] = small
     if procs > 1 and total >= _FORK_MIN and hasattr(os, "fork") and threading.active_count() == 1:
-        shares = [[] for _ in range(min(procs, _MAX_PROCS))]
+        shares: list[list[tuple[int, list[bytes]]]] = [[] for _ in range(min(procs, _MAX_PROCS))]
         loads = [0] * len(shares)
         for item in small:  # whole size groups, to the share with the fewest files so far
             k = loads.index(min(loads))
             shares[k].append(item)
             loads[k] += len(item[1])
         small.clear()
-    counts = mmap.mmap(-1, 8 * len(shares))  # files done per process, shared with the children: the progress bar
-    children: list[tuple[int, int, list[tuple[int, list[bytes]]]]] = []  # pid, pipe, share
+        own = shares[0]
+        try:
+            for share in shares[1:]:
+                r, w = os.pipe()
+                pid = os.fork()
+                if pid == 0:  # the child: never returns, never runs the parent's cleanup or flushes its buffers
+                    code = 1
+                    try:
+                        os.close(r)
+                        _child(dirs, share, w)
+                        code = 0
+                    finally:
+                        os._exit(code)
+                os.close(w)
+                mine: _Share = list(share)
+                readers.append(_Reader(pid, r, mine))
+            del shares
+            _read_own(dirs, own, g, readers, total, progress)
+            for reader in readers:
+                reader.drain(g, block=True)
+                if reader.failed:  # an answer that does not parse: stop it, whatever it is doing
+                    with contextlib.suppress(OSError):
+                        os.kill(reader.pid, signal.SIGKILL)
+                os.waitpid(reader.pid, 0)
+                reader.pid = 0
+                left = [item for item in reader.share if item is not None]
+                reader.share.clear()
+                _read_own(dirs, left, g, [], total, None)
+        finally:
+            for reader in readers:  # interrupted (Ctrl-C, an error): no child outlives the scan
+                if reader.pid:
+                    with contextlib.suppress(OSError):
+                        os.kill(reader.pid, signal.SIGKILL)
+                    with contextlib.suppress(OSError):
+                        os.waitpid(reader.pid, 0)
+                with contextlib.suppress(OSError):
+                    os.close(reader.fd)
+        if progress is not None:
+            progress("hashing small files", total, total)
+        return
+    _read_own(dirs, own, g, readers, total, progress)
 
-    def done(k: int) -> Callable[[int], None]:
-        def report(files: int) -> None:
-            _COUNT.pack_into(counts, 8 * k, files)
-            if progress is not None and k == 0:
-                progress(
-                    "hashing small files", sum(_COUNT.unpack_from(counts, 8 * i)[0] for i in range(len(shares))), total
-                )
 
-        return report
-
-    try:
-        for k, share in enumerate(shares[1:], 1):
-            r, w = os.pipe()
-            pid = os.fork()
-            if pid == 0:  # the child: never returns, never runs the parent's cleanup or flushes its buffers
-                code = 1
-                try:
-                    os.close(r)
-                    payload = marshal.dumps(list(_small_share(dirs, share, done(k))))
-                    with open(w, "wb") as sink:
-                        sink.write(payload)
-                    code = 0
-                finally:
-                    os._exit(code)
-            os.close(w)
-            children.append((pid, r, share))
-        for outcome in _small_share(dirs, shares[0], done(0)):
-            g.settle_small(*outcome)
-        while children:
-            pid, r, share = children[0]
-            with open(r, "rb") as fh:
-                payload = fh.read()
-            _pid, status = os.waitpid(pid, 0)
-            children.pop(0)
-            outcomes: list[_SmallOutcome] | None = None
-            if os.waitstatus_to_exitcode(status) == 0:
-                with contextlib.suppress(EOFError, ValueError, TypeError):
-                    outcomes = marshal.loads(payload)
-            for outcome in outcomes if outcomes is not None else _small_share(dirs, share, lambda _n: None):
-                g.settle_small(*outcome)
-    finally:
-        for pid, r, _share in children:  # interrupted (Ctrl-C, an error): no child outlives the scan
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(OSError):
-                os.waitpid(pid, 0)
-            with contextlib.suppress(OSError):
-                os.close(r)
+def _read_own(
+    dirs: list[bytes],
+    share: list[tuple[int, list[bytes]]],
+    g: _Grouper,
+    readers: list[_Reader],
+    total: int,
+    progress: Progress | None,
+) -> None:
+    """`_small_groups` over size groups popped from `share` as they go (the records of files that turned out
+    unique are freed mid-scan); every `_PROGRESS` files the readers' frames are settled and progress told."""
+    done = last = 0
+    share.reverse()
+    while share:
+        size, recs = share.pop()
+        changed: list[bytes] = []
+        unreadable: list[bytes] = []
+        g.settle_small(size, len(recs), _small_groups(dirs, size, recs, changed, unreadable), changed, unreadable)
+        done += len(recs)
+        if done - last >= _PROGRESS:
+            last = done
+            for reader in readers:
+                reader.drain(g, block=False)
+            if progress is not None:
+                progress("hashing small files", done + sum(r.settled for r in readers), total)
+    if progress is not None:
+        progress("hashing small files", done + sum(r.settled for r in readers), total)
 
 
 @dataclass
