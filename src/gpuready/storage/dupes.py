@@ -624,7 +624,7 @@ def _read_small(
                 os.close(w)
                 mine: _Share = list(share)
                 readers.append(_Reader(pid, r, mine))
-            del shares
+            del shares, share  # each child's share lives on in its reader only, freed as it is settled
             _read_own(dirs, own, g, readers, total, progress)
             for reader in readers:
                 reader.drain(g, block=True)
