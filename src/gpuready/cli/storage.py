@@ -272,10 +272,14 @@ def write_json_streaming(out: Any, data: dict[str, Any], key: str, items: Iterat
     head, tail = text.split(f'\n  "{key}": null', 1)
     out.write(f'{head}\n  "{key}": [')
     sep = "\n    "
+    chunk: list[str] = []  # written 256 items at a time (one system call each under PYTHONUNBUFFERED=1)
     for item in items:
-        out.write(sep + json.dumps(item, indent=2, default=str).replace("\n", "\n    "))
+        chunk.append(sep + json.dumps(item, indent=2, default=str).replace("\n", "\n    "))
         sep = ",\n    "
-    out.write(("\n  ]" if sep != "\n    " else "]") + tail + "\n")
+        if len(chunk) == 256:
+            out.write("".join(chunk))
+            chunk.clear()
+    out.write("".join(chunk) + ("\n  ]" if sep != "\n    " else "]") + tail + "\n")
 
 
 def dupes_cmd(
@@ -310,12 +314,17 @@ def dupes_cmd(
             data["applied"] = applied.to_json() if applied else None
         write_json_streaming(sys.stdout, data, "groups", (g.to_json() for g in report.groups))
         return
-    # plain writes: rich's per-line rendering cost ~0.1 ms a line, slower than the scan on 200k files
+    # plain writes: rich's per-line rendering cost ~0.1 ms a line, slower than the scan on 200k files; joined
+    # 256 groups at a time: under PYTHONUNBUFFERED=1 (set in many container images) each write is a system call
     out = sys.stdout
-    for g in report.groups:
-        out.write(f"{format_bytes(g.size)} x {g.n_inodes} copies ({g.digest[:19]}...)\n")
-        for p in g.paths:
-            out.write(f"  {shown(p)}\n")
+    lines: list[str] = []
+    for i, g in enumerate(report.groups, 1):
+        lines.append(f"{format_bytes(g.size)} x {g.n_inodes} copies ({g.digest[:19]}...)\n")
+        lines.extend(f"  {shown(p)}\n" for p in g.paths)
+        if i % 256 == 0:
+            out.write("".join(lines))
+            lines.clear()
+    out.write("".join(lines))
     out.write(
         f"{len(report.groups)} group(s), {format_bytes(report.reclaimable_bytes)} reclaimable; scanned "
         f"{report.files_scanned} files ({format_bytes(report.bytes_scanned)}), "
