@@ -91,6 +91,46 @@ def test_dupes_text_prints_one_line_per_odd_name_and_a_plan_with_protected_files
     assert "hardlink" in out and "never removed" in out and "add --yes" in out
 
 
+def test_shown_escapes_a_backslash_the_same_way_whatever_else_the_name_holds() -> None:
+    from gpuready.cli.storage import shown
+
+    # before: a backslash was doubled only when the name also held a control character ("a\\b" vs "a\b")
+    assert shown("a\\b") == "a\\\\b"
+    assert shown("a\\b\n") == "a\\\\b\\x0a"
+    assert shown("plain name") == "plain name"
+
+
+def test_shown_never_prints_two_different_names_alike() -> None:
+    from gpuready.cli.storage import shown
+
+    from .conftest import ODD_NAMES
+
+    names = [os.fsdecode(n) for n in ODD_NAMES]
+    names += [
+        "x\\x0ay",  # a literal backslash, x, 0, a: before, printed like "x\ny"
+        "x\ny",
+        "nel\udc85",  # the byte 0x85, not UTF-8
+        "nel\x85",  # the character U+0085 (bytes c2 85): before, printed like the byte
+        "tab\\u0009",
+        "tab\t",
+        "hi\U000e0001",  # a non-printable character above U+FFFF
+    ]
+    printed = [shown(n) for n in names]
+    assert len(set(printed)) == len(names)
+    assert all(p.isprintable() for p in printed)
+    assert shown("nel\udc85") == "nel\\x85" and shown("nel\x85") == "nel\\u0085"
+    assert shown("hi\U000e0001") == "hi\\U000e0001"
+
+
+def test_dupes_text_shows_a_backslash_name_escaped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    body = os.urandom(3000)
+    for name in ("back\\slash", "plain"):
+        (tmp_path / name).write_bytes(body)
+    assert main(["storage", "dupes", str(tmp_path)]) == 0
+    listed = [ln.strip() for ln in capsys.readouterr().out.splitlines() if ln.startswith("  ")]
+    assert listed == [str(tmp_path / "back\\\\slash"), str(tmp_path / "plain")]
+
+
 def test_manifest_verify_takes_dir_as_an_argument(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = _tree(tmp_path)
     out = tmp_path / "m.b3"
@@ -126,3 +166,14 @@ def test_dupes_json_is_written_group_by_group_as_the_same_document(
     write_json_streaming(sys.stdout, data, "groups", (g.to_json() for g in report.groups))
     whole = {**report.to_json(), "plan": data["plan"]}
     assert capsys.readouterr().out == json.dumps(whole, indent=2) + "\n"
+
+
+def test_the_progress_bar_draws_without_a_thread_so_dupes_may_fork_its_readers() -> None:
+    import threading
+
+    from gpuready.cli.storage import _progress
+
+    with _progress(True) as update:
+        for done in range(0, 10_000, 2048):
+            update("hashing small files", done, 10_000)
+            assert threading.active_count() == 1

@@ -138,3 +138,201 @@ def test_small_files_sharing_their_first_bytes_are_told_apart_by_every_byte(tmp_
     r = find_duplicates([tmp_path])
     assert sorted([Path(p).name for p in g.paths] for g in r.groups) == [["a", "c", "f"], ["b", "e"]]
     assert r.bytes_read == 7 * 5000 and not r.changed_files
+
+
+def _small_race_tree(tmp_path: Path) -> tuple[Path, bytes]:
+    body = os.urandom(3000)
+    for name in ("a", "b", "c", "d"):
+        _write(tmp_path / name, body)
+    return tmp_path, body
+
+
+@pytest.mark.parametrize("how", ["rewritten in place", "replaced by another file", "removed"])
+def test_a_small_file_changed_between_listing_and_reading_is_reported_never_grouped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    # the bytes compared must be those of the file the scan listed (size, mtime_ns, inode): checked per file
+    from gpuready.storage import dupes
+
+    root, body = _small_race_tree(tmp_path)
+    listed = dupes._scan
+
+    def scan_then_change(*args: object, **kwargs: object) -> object:
+        sc = listed(*args, **kwargs)  # type: ignore[arg-type]
+        victim = root / "b"
+        if how == "rewritten in place":
+            st = victim.stat()
+            victim.write_bytes(body)  # the same bytes: only its mtime tells, and that is enough
+            os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        elif how == "replaced by another file":
+            _write(root / "b.new", body)
+            os.replace(root / "b.new", victim)
+        else:
+            victim.unlink()
+        return sc
+
+    monkeypatch.setattr(dupes, "_scan", scan_then_change)
+    r = find_duplicates([root])
+    assert [sorted(Path(p).name for p in g.paths) for g in r.groups] == [["a", "c", "d"]]
+    bad = r.unreadable_files if how == "removed" else r.changed_files
+    assert bad == [str(root / "b")]
+    assert r.bytes_read == 3 * 3000
+
+
+def test_a_size_group_too_big_to_hold_is_keyed_by_digests_with_the_same_groups(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a size group with more content than _HOLD is not held in memory: each file is keyed by its BLAKE3-256
+    from gpuready.storage import dupes
+
+    base = bytearray(os.urandom(5000))
+    last, middle = bytearray(base), bytearray(base)
+    last[-1] ^= 1
+    middle[2500] ^= 1
+    for name, data in (("a", base), ("b", last), ("c", base), ("d", middle), ("e", last), ("f", base)):
+        _write(tmp_path / name, bytes(data))
+    held = find_duplicates([tmp_path])
+    monkeypatch.setattr(dupes, "_HOLD", 0)
+    by_digest = find_duplicates([tmp_path])
+    for r in (held, by_digest):
+        assert sorted([Path(p).name for p in g.paths] for g in r.groups) == [["a", "c", "f"], ["b", "e"]]
+        assert r.bytes_read == 6 * 5000 and not r.changed_files
+    assert sorted(g.digest for g in held.groups) == sorted(g.digest for g in by_digest.groups)
+
+
+def _many_sizes_tree(root: Path) -> list[list[str]]:
+    """Size groups of small files: duplicates, same-size decoys (one byte changed), uniques; the expected groups."""
+    expected = []
+    for i in range(40):
+        body = bytearray(os.urandom(1000 + i))
+        names = [f"s{i}/copy{c}" for c in range(2 + i % 3)]
+        for name in names:
+            _write(root / name, bytes(body))
+        body[len(body) // 2] ^= 1
+        _write(root / f"s{i}/decoy", bytes(body))
+        expected.append(sorted(str(root / n) for n in names))
+    return sorted(expected)
+
+
+def _same_report(a: object, b: object) -> None:
+    from gpuready.storage.dupes import DupesReport
+
+    assert isinstance(a, DupesReport) and isinstance(b, DupesReport)
+    assert [(g.size, g.digest, g.paths) for g in a.groups] == [(g.size, g.digest, g.paths) for g in b.groups]
+    assert (a.bytes_read, a.changed_files, a.unreadable_files) == (b.bytes_read, b.changed_files, b.unreadable_files)
+
+
+def test_small_files_read_by_forked_children_give_the_same_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpuready.storage import dupes
+
+    expected = _many_sizes_tree(tmp_path)
+    one = find_duplicates([tmp_path], workers=1)
+    monkeypatch.setattr(dupes, "_FORK_MIN", 0)
+    forks: list[int] = []
+    real_fork = os.fork
+
+    def counted_fork() -> int:
+        pid = real_fork()
+        if pid:
+            forks.append(pid)
+        return pid
+
+    monkeypatch.setattr(os, "fork", counted_fork)
+    three = find_duplicates([tmp_path], workers=3)
+    assert len(forks) == 2
+    assert sorted(sorted(g.paths) for g in one.groups) == expected
+    _same_report(one, three)
+    for pid in forks:  # every child was waited for: none is left as a zombie
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def test_a_child_that_dies_leaves_its_share_to_the_parent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuready.storage import dupes
+
+    _many_sizes_tree(tmp_path)
+    one = find_duplicates([tmp_path], workers=1)
+    parent = os.getpid()
+    real = dupes._small_groups
+
+    def dies_in_a_child(*args: object) -> object:
+        if os.getpid() != parent:
+            os._exit(9)  # killed, out of memory, a crash: the same to the parent
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dupes, "_FORK_MIN", 0)
+    monkeypatch.setattr(dupes, "_small_groups", dies_in_a_child)
+    _same_report(one, find_duplicates([tmp_path], workers=2))
+
+
+def test_no_fork_while_another_thread_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from gpuready.storage import dupes
+
+    expected = _many_sizes_tree(tmp_path)
+
+    def no_fork() -> int:
+        raise AssertionError("forked while another thread ran")
+
+    monkeypatch.setattr(dupes, "_FORK_MIN", 0)
+    monkeypatch.setattr(os, "fork", no_fork)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        r = find_duplicates([tmp_path], workers=2)
+    finally:
+        stop.set()
+        other.join()
+    assert sorted(sorted(g.paths) for g in r.groups) == expected
+
+
+def test_a_file_changed_after_listing_is_reported_by_a_forked_child_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpuready.storage import dupes
+
+    listed = dupes._scan
+    monkeypatch.setattr(dupes, "_FORK_MIN", 0)
+
+    def run(root: Path, workers: int) -> tuple[object, ...]:
+        _many_sizes_tree(root)
+
+        def scan_then_change(*args: object, **kwargs: object) -> object:
+            sc = listed(*args, **kwargs)  # type: ignore[arg-type]
+            for i in range(0, 40, 3):
+                os.utime(root / f"s{i}/copy0", ns=(0, 10**18 + i))
+            (root / "s1/copy1").unlink()
+            return sc
+
+        monkeypatch.setattr(dupes, "_scan", scan_then_change)
+        r = find_duplicates([root], workers=workers)
+
+        def rel(paths: list[str]) -> list[str]:
+            return [os.path.relpath(p, root) for p in paths]
+
+        return (sorted(rel(g.paths) for g in r.groups), rel(r.changed_files), rel(r.unreadable_files), r.bytes_read)
+
+    one, two = run(tmp_path / "one", 1), run(tmp_path / "two", 2)
+    assert len(one[1]) == 14 and one[2] == ["s1/copy1"]  # type: ignore[arg-type]
+    assert one == two
+
+
+@pytest.mark.parametrize("answer", [b"\x00" * 3, b"\x05\x00\x00\x00\x00\x00\x00\x00garbage", b"\xff" * 16])
+def test_a_child_whose_answer_does_not_parse_leaves_its_share_to_the_parent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, answer: bytes
+) -> None:
+    from gpuready.storage import dupes
+
+    _many_sizes_tree(tmp_path)
+    one = find_duplicates([tmp_path], workers=1)
+
+    def garbled(fd: int, _found: object) -> None:
+        os.write(fd, answer)
+
+    monkeypatch.setattr(dupes, "_FORK_MIN", 0)
+    monkeypatch.setattr(dupes, "_send", garbled)
+    _same_report(one, find_duplicates([tmp_path], workers=2))

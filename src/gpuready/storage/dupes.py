@@ -2,11 +2,11 @@
 
 Content is the only proof of equality. A name (a Hugging Face blob's sha256 file name, an etag) says what a
 file *should* hold, not what it holds: a corrupt blob keeps its name (issue 9). So every byte of every
-candidate of a size group is read before it is grouped: files up to `SMALL` bytes in one read each, in batches
-in the scanning thread (no thread per small file: handing the interpreter lock around costs more than reading a
-4 KiB file), compared byte for byte (only duplicates are hashed, to name their group); larger ones hashed in
-full (BLAKE3, 256 bits) after a head+tail filter, in a thread pool (the pipeline fclones, czkawka and jdupes
-share; reference/storage.md §1a).
+candidate of a size group is read before it is grouped: files up to `SMALL` bytes in one read each, one size
+group at a time in the scanning thread (no thread per small file: handing the interpreter lock around costs
+more than reading a 4 KiB file), compared byte for byte (only duplicates are hashed, to name their group);
+larger ones hashed in full (BLAKE3, 256 bits) after a head+tail filter, in a thread pool (the pipeline
+fclones, czkawka and jdupes share; reference/storage.md §1a).
 
 The scan keeps one packed record per file (inode, mtime_ns, folder index + name as bytes), so 200k
 files cost about as much memory as jdupes' C structures (docs/storage_benchmark.md).
@@ -18,12 +18,16 @@ and acts atomically (a hard link under a temporary name in the same folder, rena
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
+import marshal
 import os
+import signal
 import stat
 import struct
 import sys
+import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterator, Sequence
@@ -37,7 +41,11 @@ from gpuready.storage.hashing import BLOCK, FileChangedError, hash_file, head_ta
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 SMALL = 64 * 1024  # up to this size a file is read whole in one call and hashed inline (batches)
-_BATCH = 512  # small files per pool task
+_PROGRESS = 2048  # small files between two progress reports
+_FORK_MIN = 8192  # small candidates below which one process reads them all (a fork costs milliseconds)
+_MAX_PROCS = 4  # processes reading small files at most
+_FRAME = struct.Struct("=Q")  # a forked reader's frame: its length, then marshal data
+_HOLD = 32 << 20  # a size group of small files with more content than this is keyed by digests, not held
 _KEY = 64  # small files of one size are told apart by their first bytes, then by every byte
 _REC = struct.Struct("=QqI")  # ino, mtime_ns, folder index; the name's bytes follow (device: per folder)
 _FS_ENC, _FS_ERR = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()  # what os.fsdecode uses
@@ -247,6 +255,7 @@ def _scan(roots: list[bytes], min_size: int, progress: Progress | None) -> _Scan
     sc = _Scan()
     pack = _REC.pack
     by_size = sc.by_size
+    S_ISREG = stat.S_ISREG  # a local: looked up once, not per file
     for root in roots:
         try:
             st = os.lstat(root)
@@ -273,6 +282,7 @@ def _scan(roots: list[bytes], min_size: int, progress: Progress | None) -> _Scan
                 by_size[st.st_size].append(pack(st.st_ino, st.st_mtime_ns, len(sc.dirs) - 1) + name)
             continue
         stack = [root]
+        files = total = 0  # counted in locals: an attribute update per file is a measurable share
         while stack:
             folder = stack.pop()
             try:
@@ -286,6 +296,8 @@ def _scan(roots: list[bytes], min_size: int, progress: Progress | None) -> _Scan
             sc.devs.append(dev)
             with it:
                 for entry in it:
+                    # the entry's type comes from the listing itself (d_type): no system call for folders and
+                    # symlinks; one lstat for everything else (a file's size, inode and mtime_ns)
                     try:
                         if entry.is_dir(follow_symlinks=False):
                             stack.append(entry.path)
@@ -296,11 +308,11 @@ def _scan(roots: list[bytes], min_size: int, progress: Progress | None) -> _Scan
                         est = entry.stat(follow_symlinks=False)
                     except OSError:
                         continue  # vanished between listing and stat
-                    if not stat.S_ISREG(est.st_mode):
+                    if not S_ISREG(est.st_mode):
                         continue  # fifos, sockets, devices are never opened
                     size = est.st_size
-                    sc.files += 1
-                    sc.total_bytes += size
+                    files += 1
+                    total += size
                     if size >= min_size:
                         if est.st_dev != dev:
                             if dev == -1:  # the folder's device is that of its first file
@@ -312,7 +324,9 @@ def _scan(roots: list[bytes], min_size: int, progress: Progress | None) -> _Scan
                                 continue
                         by_size[size].append(pack(est.st_ino, est.st_mtime_ns, idx) + entry.name)
             if progress is not None:
-                progress("listing", sc.files, 0)
+                progress("listing", sc.files + files, 0)
+        sc.files += files
+        sc.total_bytes += total
     return sc
 
 
@@ -333,78 +347,108 @@ def _blake3() -> Any:
     return blake3
 
 
-_SmallResult = tuple[list[int | str], dict[int, bytes]]
+_SmallGroups = list[tuple[bytes, list[bytes]]]
 
 
-def _hash_small(dirs: list[bytes], batch: list[tuple[int, list[bytes]]]) -> list[_SmallResult]:
-    """Whole small files, one read each, grouped by their bytes; a batch is a list of (size, records).
+def _small_groups(
+    dirs: list[bytes], size: int, recs: list[bytes], changed: list[bytes], unreadable: list[bytes]
+) -> _SmallGroups:
+    """The duplicates among the small files of one size: (BLAKE3 digest, records) per content two or more hold.
 
-    Per size group: for each file the index of the first file with the same bytes (itself if none), or why it
-    has none; and the BLAKE3 digest of each content held by two files or more. Files are keyed by their first
-    `_KEY` bytes, and those that share them by their whole content, so equality is decided by comparing
-    every byte (as jdupes does), not by a digest, and only duplicates are hashed (a digest names the group
-    in the report).
+    Every file is read whole in one call. Files are keyed by their first `_KEY` bytes, and those that share
+    them by their whole content, so equality is decided by comparing every byte (as jdupes does), not by a
+    digest, and only duplicates are hashed (a digest names the group in the report). A size group with more
+    than `_HOLD` bytes of content is not held in memory: its files are keyed by their BLAKE3-256 digests, the
+    proof large files get.
 
-    A file is "changed" unless, after the read, it is still the one the scan listed (size, mtime_ns, inode):
-    one fstat per file is the cheapest proof that the bytes compared are the bytes listed. The loop is
-    inlined on purpose: at ~20 µs a file, a function call per file is a measurable share.
+    A file goes to `changed` unless, after the read, it is still the one the scan listed (size, mtime_ns,
+    inode): one fstat per file is the cheapest proof that the bytes compared are the bytes listed. Files that
+    cannot be opened or read go to `unreadable`. The loop is inlined on purpose: at ~15 µs a file, most of it
+    four system calls, each Python step per file is a measurable share (docs/storage_benchmark.md).
     """
     b3 = _blake3()
     unpack = _REC.unpack_from
     skip = _REC.size
-    out: list[_SmallResult] = []
-    for size, recs in batch:
-        firsts: list[int | str] = []
-        put = firsts.append
-        heads: dict[bytes, int] = {}  # first _KEY bytes -> the first file that starts so
-        seen: dict[bytes, dict[bytes, int]] = {}  # first _KEY bytes -> whole content -> its first file
-        datas: dict[int, bytes] = {}  # content of each file first with its head, until a second one shows
-        counted: dict[int, bytes] = {}
-        for i, rec in enumerate(recs):
-            ino, mtime_ns, idx = unpack(rec)
-            path = dirs[idx] + b"/" + rec[skip:]
-            try:
-                fd = os.open(path, _OPEN_FLAGS)
-            except OSError:
-                put(_UNREADABLE)
+    open_, read, fstat, close, flags = os.open, os.read, os.fstat, os.close, _OPEN_FLAGS
+    by_digest = len(recs) * size > _HOLD
+    heads: dict[bytes, tuple[bytes, bytes]] = {}  # first _KEY bytes -> (record, content) of the first file
+    seen: dict[bytes, dict[bytes, list[bytes]]] = {}  # first _KEY bytes shared -> content -> records
+    digests: dict[bytes, list[bytes]] = {}  # by_digest: BLAKE3 digest -> records
+    for rec in recs:
+        ino, mtime_ns, idx = unpack(rec)
+        path = dirs[idx] + b"/" + rec[skip:]
+        try:
+            fd = open_(path, flags)
+        except OSError:
+            unreadable.append(rec)
+            continue
+        try:
+            data = read(fd, size + 1)
+            st = fstat(fd)
+        except OSError:
+            unreadable.append(rec)
+            continue
+        finally:
+            close(fd)
+        if st.st_mtime_ns != mtime_ns or st.st_ino != ino or st.st_size != size or len(data) != size:
+            got = _read_again(path, size, (size, mtime_ns, ino), st, data)
+            if isinstance(got, str):
+                (changed if got == _CHANGED else unreadable).append(rec)
                 continue
-            try:
-                data = os.read(fd, size + 1)
-                st = os.fstat(fd)
-            except OSError:
-                put(_UNREADABLE)
-                continue
-            finally:
-                os.close(fd)
-            if st.st_size != size or st.st_mtime_ns != mtime_ns or st.st_ino != ino or len(data) > size:
-                put(_CHANGED)
-                continue
-            if len(data) < size:  # a short read (some network filesystems): the looping reader
-                try:
-                    with open(path, "rb") as fh:
-                        data = fh.read(size + 1)
-                    if len(data) != size or os.stat(path).st_mtime_ns != mtime_ns:
-                        put(_CHANGED)
-                        continue
-                except OSError:
-                    put(_UNREADABLE)
-                    continue
-            # Files of one size mostly differ in their first bytes: a dict keyed by those is cheap (hashing
-            # the whole content costs ~2.5 us a 4 KiB file); only files that share them are keyed by every byte.
-            head = data[:_KEY]
-            j = heads.setdefault(head, i)
-            if j == i:
-                datas[i] = data
-            else:
-                same = seen.get(head)
-                if same is None:
-                    same = seen[head] = {datas[j]: j}
-                j = same.setdefault(data, i)
-                if j != i and j not in counted:
-                    counted[j] = data
-            put(j)
-        out.append((firsts, {j: b3(data, max_threads=1).digest() for j, data in counted.items()}))
-    return out
+            data = got
+        if by_digest:
+            digests.setdefault(b3(data, max_threads=1).digest(), []).append(rec)
+            continue
+        # Files of one size mostly differ in their first bytes: a dict keyed by those is cheap (hashing the
+        # whole content costs ~2.5 us a 4 KiB file); only files that share them are keyed by every byte.
+        first = (rec, data)
+        other = heads.setdefault(data[:_KEY], first)
+        if other is first:
+            continue
+        same = seen.get(data[:_KEY])
+        if same is None:
+            same = seen[data[:_KEY]] = {other[1]: [other[0]]}
+        members = same.get(data)
+        if members is None:
+            same[data] = [rec]
+        else:
+            members.append(rec)
+    if by_digest:
+        return [(digest, members) for digest, members in digests.items() if len(members) > 1]
+    return [
+        (b3(content, max_threads=1).digest(), members)
+        for same in seen.values()
+        for content, members in same.items()
+        if len(members) > 1
+    ]
+
+
+def _read_again(path: bytes, size: int, listed: tuple[int, int, int], st: os.stat_result, data: bytes) -> bytes | str:
+    """The slow path of `_small_groups`: a file that changed (`_CHANGED`), or a short read (some network
+    filesystems return less than asked) read again in a loop and re-checked, or `_UNREADABLE`."""
+    if (st.st_size, st.st_mtime_ns, st.st_ino) != listed or len(data) > size:
+        return _CHANGED
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except OSError:
+        return _UNREADABLE
+    try:
+        parts = []
+        got = 0
+        while got <= size:
+            part = os.read(fd, size + 1 - got)
+            if not part:
+                break
+            parts.append(part)
+            got += len(part)
+        st = os.fstat(fd)
+    except OSError:
+        return _UNREADABLE
+    finally:
+        os.close(fd)
+    if got != size or (st.st_size, st.st_mtime_ns, st.st_ino) != listed:
+        return _CHANGED
+    return b"".join(parts)
 
 
 def _partial(path: bytes, size: int, ino: int, mtime_ns: int) -> _Outcome:
@@ -440,21 +484,199 @@ def _bounded(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], jobs: Iterator[
         yield j, fut.result()
 
 
-def _batches(items: list[tuple[int, list[bytes]]], per_batch: int) -> Iterator[list[tuple[int, list[bytes]]]]:
-    """`items` in batches of about `per_batch` records, taken out of `items` as they go: once a batch is
-    settled, the records of files that turned out unique are freed (and their memory reused) mid-scan."""
-    batch: list[tuple[int, list[bytes]]] = []
-    count = 0
-    items.reverse()
-    while items:
-        item = items.pop()
-        batch.append(item)
-        count += len(item[1])
-        if count >= per_batch:
-            yield batch
-            batch, count = [], 0
-    if batch:
-        yield batch
+def _cpus() -> int:
+    """CPUs this process may run on (its affinity mask, which containers and taskset narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+_Share = list[tuple[int, list[bytes]] | None]  # size groups; None once settled
+_Found = tuple[int, int, list[tuple[bytes, list[int]]], list[int], list[int]]  # a child's outcome, by position
+
+
+def _send(fd: int, found: list[_Found]) -> None:
+    """One frame to the parent: length, then the marshalled outcomes (records as positions in the share)."""
+    data = marshal.dumps(found)
+    view = memoryview(_FRAME.pack(len(data)) + data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _child(dirs: list[bytes], share: list[tuple[int, list[bytes]]], fd: int) -> None:
+    """A forked reader: `_small_groups` over its share, sent back a frame every `_PROGRESS` files. Every record
+    goes back as its position in the share, which the parent holds too: a few bytes a duplicate, not its name."""
+    found: list[_Found] = []
+    files = 0
+    for i, (size, recs) in enumerate(share):
+        changed: list[bytes] = []
+        unreadable: list[bytes] = []
+        groups = _small_groups(dirs, size, recs, changed, unreadable)
+        if groups or changed or unreadable:
+            pos = {rec: j for j, rec in enumerate(recs)}
+            found.append(
+                (
+                    i,
+                    len(recs),
+                    [(digest, [pos[r] for r in members]) for digest, members in groups],
+                    [pos[r] for r in changed],
+                    [pos[r] for r in unreadable],
+                )
+            )
+        else:
+            found.append((i, len(recs), [], [], []))
+        files += len(recs)
+        if files >= _PROGRESS:
+            _send(fd, found)
+            found, files = [], 0
+    _send(fd, found)
+
+
+@dataclass
+class _Reader:
+    """The parent's side of one forked reader: its pipe, and its share until each size group is settled."""
+
+    pid: int
+    fd: int
+    share: _Share
+    buf: bytearray = field(default_factory=bytearray)
+    settled: int = 0  # files
+    eof: bool = False
+    failed: bool = False
+
+    def drain(self, g: _Grouper, block: bool) -> None:
+        """Settle every whole frame that has come in; with `block`, wait for the child to finish first."""
+        if self.failed:
+            return
+        os.set_blocking(self.fd, block)
+        while not self.eof:
+            try:
+                data = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                break
+            if not data:
+                self.eof = True
+            self.buf += data
+        while len(self.buf) >= _FRAME.size:
+            (n,) = _FRAME.unpack_from(self.buf)
+            if len(self.buf) < _FRAME.size + n:
+                break
+            try:
+                found: list[_Found] = marshal.loads(bytes(self.buf[_FRAME.size : _FRAME.size + n]))
+                del self.buf[: _FRAME.size + n]
+                for i, files, groups, changed, unreadable in found:
+                    item = self.share[i]
+                    if item is None or files != len(item[1]):
+                        raise ValueError("a reader's answer does not match its share")
+                    size, recs = item
+                    g.settle_small(
+                        size,
+                        files,
+                        [(digest, [recs[j] for j in js]) for digest, js in groups],
+                        [recs[j] for j in changed],
+                        [recs[j] for j in unreadable],
+                    )
+                    self.share[i] = None  # its unique files' records are freed now
+                    self.settled += files
+            except (EOFError, ValueError, TypeError, IndexError):
+                self.failed = True  # what is left of its share is read again by the parent
+                return
+
+
+def _read_small(
+    dirs: list[bytes], small: list[tuple[int, list[bytes]]], g: _Grouper, procs: int, progress: Progress | None
+) -> None:
+    """Read and settle every small candidate, in this process or split over `procs` processes.
+
+    Not on threads: four short system calls a file hand the interpreter lock back and forth, and on an idle
+    2-core machine two threads burned 17 s of CPU for 12 s of wall where one needs ~7 s for both
+    (docs/storage_benchmark.md, 2026-12-01 01:18 UTC). With more than one CPU and at least `_FORK_MIN`
+    files, forked children each read a share of the size groups exactly as this process reads its own, and
+    send back, as they go, only the duplicates they found and the files that changed or could not be read.
+    A child that fails or is killed leaves the rest of its share to this process, which reads it again. No
+    fork while other threads run (a child would inherit their locks held).
+    """
+    total = sum(len(recs) for _size, recs in small)
+    readers: list[_Reader] = []
+    own: list[tuple[int, list[bytes]]] = small
+    if procs > 1 and total >= _FORK_MIN and hasattr(os, "fork") and threading.active_count() == 1:
+        shares: list[list[tuple[int, list[bytes]]]] = [[] for _ in range(min(procs, _MAX_PROCS))]
+        loads = [0] * len(shares)
+        for item in small:  # whole size groups, to the share with the fewest files so far
+            k = loads.index(min(loads))
+            shares[k].append(item)
+            loads[k] += len(item[1])
+        small.clear()
+        own = shares[0]
+        try:
+            for share in shares[1:]:
+                r, w = os.pipe()
+                pid = os.fork()
+                if pid == 0:  # the child: never returns, never runs the parent's cleanup or flushes its buffers
+                    code = 1
+                    try:
+                        os.close(r)
+                        _child(dirs, share, w)
+                        code = 0
+                    finally:
+                        os._exit(code)
+                os.close(w)
+                mine: _Share = list(share)
+                readers.append(_Reader(pid, r, mine))
+            del shares, share  # each child's share lives on in its reader only, freed as it is settled
+            _read_own(dirs, own, g, readers, total, progress)
+            for reader in readers:
+                reader.drain(g, block=True)
+                if reader.failed:  # an answer that does not parse: stop it, whatever it is doing
+                    with contextlib.suppress(OSError):
+                        os.kill(reader.pid, signal.SIGKILL)
+                os.waitpid(reader.pid, 0)
+                reader.pid = 0
+                left = [item for item in reader.share if item is not None]
+                reader.share.clear()
+                _read_own(dirs, left, g, [], total, None)
+        finally:
+            for reader in readers:  # interrupted (Ctrl-C, an error): no child outlives the scan
+                if reader.pid:
+                    with contextlib.suppress(OSError):
+                        os.kill(reader.pid, signal.SIGKILL)
+                    with contextlib.suppress(OSError):
+                        os.waitpid(reader.pid, 0)
+                with contextlib.suppress(OSError):
+                    os.close(reader.fd)
+        if progress is not None:
+            progress("hashing small files", total, total)
+        return
+    _read_own(dirs, own, g, readers, total, progress)
+
+
+def _read_own(
+    dirs: list[bytes],
+    share: list[tuple[int, list[bytes]]],
+    g: _Grouper,
+    readers: list[_Reader],
+    total: int,
+    progress: Progress | None,
+) -> None:
+    """`_small_groups` over size groups popped from `share` as they go (the records of files that turned out
+    unique are freed mid-scan); every `_PROGRESS` files the readers' frames are settled and progress told."""
+    done = last = 0
+    share.reverse()
+    while share:
+        size, recs = share.pop()
+        changed: list[bytes] = []
+        unreadable: list[bytes] = []
+        g.settle_small(size, len(recs), _small_groups(dirs, size, recs, changed, unreadable), changed, unreadable)
+        done += len(recs)
+        if done - last >= _PROGRESS:
+            last = done
+            for reader in readers:
+                reader.drain(g, block=False)
+            if progress is not None:
+                progress("hashing small files", done + sum(r.settled for r in readers), total)
+    if progress is not None:
+        progress("hashing small files", done + sum(r.settled for r in readers), total)
 
 
 @dataclass
@@ -487,18 +709,15 @@ class _Grouper:
                 bad.extend(os.fsdecode(self.sc.path(r)) for r in self.names(rec))
         return buckets
 
-    def settle_small(self, size: int, recs: list[bytes], firsts: list[int | str], digests: dict[int, bytes]) -> None:
-        members: dict[int, list[bytes]] = {}
-        for rec, j in zip(recs, firsts, strict=True):
-            if isinstance(j, str):
-                bad = self.changed if j == _CHANGED else self.unreadable
-                bad.extend(os.fsdecode(self.sc.path(r)) for r in self.names(rec))
-                continue
-            self.bytes_read += size
-            if j in digests:
-                members.setdefault(j, []).append(rec)
-        for j, recs_j in members.items():
-            self.groups.append(self._group(size, digests[j], recs_j))
+    def settle_small(
+        self, size: int, n: int, groups: _SmallGroups, changed: list[bytes], unreadable: list[bytes]
+    ) -> None:
+        """The outcome of `_small_groups` on `n` files of `size` bytes."""
+        for bad, recs in ((self.changed, changed), (self.unreadable, unreadable)):
+            bad.extend(os.fsdecode(self.sc.path(r)) for rec in recs for r in self.names(rec))
+        self.bytes_read += size * (n - len(changed) - len(unreadable))
+        for digest, recs in groups:
+            self.groups.append(self._group(size, digest, recs))
 
     def emit(self, size: int, buckets: dict[bytes, list[bytes]]) -> None:
         for digest, recs in buckets.items():
@@ -545,7 +764,6 @@ def _find_duplicates(
         link = os.path.abspath(os.fspath(r))
         if os.path.islink(link) and not os.path.isdir(link) and link not in sc.symlinks:
             sc.symlinks.append(link)
-    n_workers = workers or min(4, os.cpu_count() or 1)
 
     # size groups with at least two inodes; a record stands for its inode, its other names go to `links`
     links: dict[bytes, list[bytes]] = {}
@@ -580,23 +798,9 @@ def _find_duplicates(
         ino, mtime, _i = _REC.unpack_from(rec)
         return (sc.path(rec), size, ino, mtime)
 
-    total_small = sum(len(r) for _, r in small)
-    done = 0
+    _read_small(sc.dirs, small, g, workers or _cpus(), progress)
+    n_workers = workers or min(4, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=n_workers) as pool:
-        # small files: read whole, in batches of whole size groups, in this thread. Not on the pool: four short
-        # system calls a file hand the interpreter lock back and forth between threads, and on an idle 2-core
-        # machine two workers burned 17 s of CPU for 12 s of wall where one thread needs ~7 s for both
-        # (docs/storage_benchmark.md, 2026-12-01 01:18 UTC)
-        hash_small = functools.partial(_hash_small, sc.dirs)
-        for batch in _batches(small, _BATCH):
-            results = hash_small(batch)
-            for (size, recs), (firsts, digests) in zip(batch, results, strict=True):
-                g.settle_small(size, recs, firsts, digests)
-                done += len(recs)
-            if progress is not None:
-                progress("hashing small files", done, total_small)
-        small.clear()
-
         # large files: head+tail blocks first (inline), then the survivors' full hashes in the pool
         full: list[tuple[int, list[bytes]]] = []
         for size, recs in large:
