@@ -167,3 +167,71 @@ def test_traced_fp32_prefill_takes_cudas_math_kernel_not_the_cpu_decomposition()
     gib = 2**30
     assert est.peak_allocated_bytes == pytest.approx(42.76 * gib, rel=0.01)
     assert est.peak_reserved_bytes == pytest.approx(46.10 * gib, rel=0.02)
+
+
+def _record(fn: object) -> list[tuple[int, str]]:
+    """Run `fn(torch)` on fake CPU tensors under the traced mode's recorder and CUDA patches; returns the recorded
+    allocations as (bytes, dtype-free label order) in order."""
+    import torch
+    import transformers
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from gpuready.memory.trace_record import Trace, as_on_cuda, make_recorder
+
+    trace = Trace()
+    with FakeTensorMode(allow_non_fake_inputs=True), make_recorder(torch, trace), as_on_cuda(torch, transformers):
+        trace.mark("forward", "activations")
+        fn(torch)  # type: ignore[operator]
+    trace.recording = False
+    return [(ev, trace.labels[i]) for i, ev in enumerate((e for e in trace.events if e > 0), start=1)]
+
+
+@pytest.mark.torch
+def test_training_dropout_keeps_cudas_one_byte_mask_not_a_noise_tensor() -> None:
+    # CUDA's dropout is the fused native_dropout (output + bool mask kept for backward); the CPU's _dropout_impl makes
+    # a noise tensor of the input's dtype (history ft_gpt2m_fp16: 4 MiB masks beside 8 MiB fp16 outputs; gpt2-medium
+    # fp16 4 x 1024 traced +4.6% before)
+    pytest.importorskip("transformers")
+
+    def run(torch: object) -> None:
+        import torch as t
+
+        x = t.empty((4, 1024, 256), dtype=t.float16, requires_grad=True)
+        y = t.nn.functional.dropout(x, 0.1, training=True)
+        assert y.dtype == t.float16
+        off = t.nn.functional.dropout(x, 0.1, training=False)
+        assert off is x
+
+    allocs = [n for n, _ in _record(run)]
+    element = 4 * 1024 * 256
+    assert allocs == [2 * element, 2 * element, element]  # input, output, one-byte mask
+
+
+@pytest.mark.torch
+def test_math_attention_with_autograd_allocates_as_cudas_composite() -> None:
+    # fp32 with grouped-query heads takes CUDA's math path; with autograd it adds the mask in place and _safe_softmax
+    # makes a one-byte comparison of the scores (history ft_qwen05_fp32); the CPU's composite on fake tensors added
+    # out of place (one more fp32 scores tensor) and had no comparison: qwen2.5-0.5b fp32 4 x 1024 traced -7.0%
+    pytest.importorskip("transformers")
+
+    b, h, hk, length, d = 2, 4, 2, 96, 8  # every tensor size below distinct
+
+    def run(torch: object) -> None:
+        import torch as t
+
+        q = t.empty((b, h, length, d), requires_grad=True)
+        k = t.empty((b, hk, length, d), requires_grad=True)
+        v = t.empty((b, hk, length, d), requires_grad=True)
+        out = t.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        out.sum().backward()
+
+    allocs = [n for n, _ in _record(run)]
+    scores = b * h * length * length
+    assert allocs.count(scores) == 1  # the comparison's bool mask
+    first = allocs.index(scores * 4)
+    # scores, probabilities, the comparison: no out-of-place copy of the scores in between
+    assert allocs[first : first + 3] == [scores * 4, scores * 4, scores]
+    # before them: the causal mask as CUDA makes it (bool ones, tril, two scalars, the float mask)
+    mask = allocs.index(length * length * 4)
+    assert mask < first
+    assert allocs[mask - 4 : mask + 1] == [length * length, length * length, 4, 4, length * length * 4]

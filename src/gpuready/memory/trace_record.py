@@ -190,6 +190,50 @@ def _cuda_sdpa(torch: Any) -> Callable[..., Any]:
         del probs, q, kx, vx
         return out
 
+    def _math_autograd(
+        query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: float, is_causal: bool, scale: Any, gqa: bool
+    ) -> Any:
+        """CUDA's `_scaled_dot_product_attention_math` with autograd, op for op as aten composes it (attention.cpp):
+        q scaled by sqrt(scale), the causal mask made as a float (L, S) tensor, K and V repeated to every head under
+        GQA, kᵀ scaled, the scores with the mask added in place, `_safe_softmax`, then probabilities @ v; the
+        locals (scaled q, repeated K, the mask) live until it returns. Fake tensors take the composite's
+        out-of-place add and a `_safe_softmax` without its temporaries, which the GPU does not (history
+        `ft_qwen05_fp32`)."""
+        length, kv_length, head_dim = query.shape[-2], key.shape[-2], query.shape[-1]
+        factor = math.sqrt(scale if scale is not None else 1.0 / math.sqrt(head_dim))
+        q = query * factor
+        mask = attn_mask
+        if is_causal:
+            allowed = torch.ones((length, kv_length), dtype=torch.bool).tril()
+            mask = _bool_mask_to_float(allowed, q.dtype)
+            del allowed
+        elif mask is not None and mask.dtype == torch.bool:
+            mask = _bool_mask_to_float(mask, q.dtype)
+        k, v = key, value
+        if gqa:
+            repeats = query.shape[-3] // key.shape[-3]
+            k = key.repeat_interleave(repeats, dim=-3)
+            v = value.repeat_interleave(repeats, dim=-3)
+        scores = torch.matmul(q, k.transpose(-2, -1) * factor)
+        if mask is not None:
+            scores.add_(mask)
+        probs = torch._safe_softmax(scores, -1)
+        # _safe_softmax's temporaries on CUDA: the -inf comparison (one byte per score), its all-masked rows, a
+        # scalar zero (aten/src/ATen/native/SoftMax.cpp)
+        masked = torch.empty(scores.shape, dtype=torch.bool)
+        rows = torch.empty((*scores.shape[:-1], 1), dtype=torch.bool)
+        zero = torch.empty((), dtype=scores.dtype)
+        del zero, rows, masked, scores
+        if dropout_p > 0:
+            probs = torch.native_dropout(probs, dropout_p, True)[0]
+        return torch.matmul(probs, v)
+
+    def _bool_mask_to_float(allowed: Any, dtype: Any) -> Any:
+        """attention.cpp's convert_boolean_attn_mask: 0 where allowed, -inf elsewhere, from two scalar tensors."""
+        zero = torch.scalar_tensor(0.0, dtype=dtype)
+        neg = torch.scalar_tensor(-math.inf, dtype=dtype)
+        return torch.where(allowed, zero, neg)
+
     def sdpa(
         query: Any,
         key: Any,
@@ -212,7 +256,9 @@ def _cuda_sdpa(torch: Any) -> Callable[..., Any]:
         kernel = cuda_sdpa_kernel(half, query.shape[-1], attn_mask is not None, gqa, fp32=query.dtype == torch.float32)
         if kernel == "math" and query.dim() == 4 and not torch.is_grad_enabled():
             return _math_nograd(query, key, value)
-        if kernel == "math" or query.dim() != 4:
+        if kernel == "math" and query.dim() == 4:
+            return _math_autograd(query, key, value, attn_mask, dropout_p, is_causal, scale, gqa)
+        if query.dim() != 4:
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
             with sdpa_kernel([SDPBackend.MATH]):
@@ -232,6 +278,22 @@ def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
         yield
     finally:
         setattr(owner, name, saved)
+
+
+def _cuda_dropout(torch: Any) -> Callable[..., Any]:
+    """`F.dropout` as it runs on CUDA: aten's `dropout` takes the fused `native_dropout` there (output and a one-byte
+    mask, which backward keeps), where the CPU runs `_dropout_impl` (a noise tensor of the input's dtype, kept for
+    backward, and the product). Rule from aten/src/ATen/native/Dropout.cpp (`is_fused_kernel_acceptable`: a CUDA
+    input, 0 < p < 1, not empty); in-place dropout takes the unfused path on both."""
+    functional = torch.nn.functional
+    original = functional.dropout
+
+    def dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+        if inplace or not training or not 0 < p < 1 or input.numel() == 0:
+            return original(input, p, training, inplace)
+        return torch.native_dropout(input, p, True)[0]
+
+    return dropout
 
 
 def _no_padding(
@@ -262,6 +324,7 @@ def as_on_cuda(torch: Any, transformers: Any) -> Iterator[None]:
 
     with (
         _patched(torch.nn.functional, "scaled_dot_product_attention", _cuda_sdpa(torch)),
+        _patched(torch.nn.functional, "dropout", _cuda_dropout(torch)),
         _patched(masking, "_ignore_causal_mask_sdpa", _no_padding),
         # training passes position_ids without a mask: transformers looks for packed sequences by reading their
         # values, which fake tensors cannot give, and would build an explicit mask (then SDPA repeats K/V and
