@@ -35,6 +35,7 @@ def main() -> int:
     ap.add_argument("job", help="the job as gpuready estimate arguments, quoted")
     ap.add_argument("--diffs", type=int, default=15, help="how many differing stretches to show")
     ap.add_argument("--context", type=int, default=2)
+    ap.add_argument("--start", type=int, default=0, help="show differences from this GPU allocation on")
     args = ap.parse_args()
     doc = load_history(args.history)
     frames = doc["frames"]
@@ -60,7 +61,7 @@ def main() -> int:
     sm = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
     shown = 0
     for tag, i1, i2, j1, j2 in sm.get_opcodes():
-        if tag == "equal":
+        if tag == "equal" or i2 < args.start:
             continue
         print(f"--- {tag}: GPU [{i1}:{i2}] vs trace [{j1}:{j2}]")
         for k in range(max(0, i1 - args.context), min(i2, i1 + 12)):

@@ -296,6 +296,71 @@ def _cuda_dropout(torch: Any) -> Callable[..., Any]:
     return dropout
 
 
+def _cuda_autocast_lists(torch: Any) -> Any:
+    """A TorchFunctionMode that gives CPU autocast CUDA's op lists where they differ and the traced jobs meet them
+    (aten/src/ATen/autocast_mode.cpp, the AutocastCUDA registrations): under CUDA autocast pow, exp, log, rsqrt,
+    layer_norm, group_norm, softplus and friends run in fp32 (16-bit inputs cast to fp32 first); softmax,
+    log_softmax, sum, cumsum and prod run with dtype=float32 (fp32_set_opt_dtype). CPU autocast leaves them in the
+    16-bit dtype, e.g. GPT-2's gelu_new (history ft_gpt2l_mixed: the fp32 pow and what follows it). Acts only while
+    CPU autocast is on, which the traced mode uses to stand for CUDA's."""
+    from torch.overrides import TorchFunctionMode
+
+    functional = torch.nn.functional
+    fp32_names = (
+        "pow",
+        "exp",
+        "expm1",
+        "log",
+        "log10",
+        "log2",
+        "log1p",
+        "reciprocal",
+        "rsqrt",
+        "acos",
+        "asin",
+        "cosh",
+        "sinh",
+        "tan",
+        "erfinv",
+        "__pow__",
+        "__rpow__",
+    )
+    fp32: set[Any] = set()
+    for name in fp32_names:
+        for owner in (torch, torch.Tensor):
+            if hasattr(owner, name):
+                fp32.add(getattr(owner, name))
+    fp32 |= {functional.layer_norm, functional.group_norm, functional.softplus, torch.layer_norm, torch.group_norm}
+    opt_dtype: set[Any] = set()
+    for name in ("softmax", "log_softmax", "sum", "cumsum", "prod"):
+        for owner in (torch, torch.Tensor, functional):
+            if hasattr(owner, name):
+                opt_dtype.add(getattr(owner, name))
+    low = (torch.float16, torch.bfloat16)
+
+    def to_fp32(a: Any) -> Any:
+        if isinstance(a, torch.Tensor) and a.dtype in low:
+            return a.to(torch.float32)
+        return a
+
+    class CudaAutocastLists(TorchFunctionMode):  # type: ignore[misc]
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            if (func in fp32 or func in opt_dtype) and torch.is_autocast_enabled("cpu"):
+                if func in fp32:
+                    args = tuple(to_fp32(a) for a in args)
+                    kwargs = {k: to_fp32(v) for k, v in kwargs.items()}
+                elif (
+                    args and isinstance(args[0], torch.Tensor) and args[0].dtype in low and kwargs.get("dtype") is None
+                ):
+                    kwargs = {**kwargs, "dtype": torch.float32}
+                with torch.autocast("cpu", enabled=False):
+                    return func(*args, **kwargs)
+            return func(*args, **kwargs)
+
+    return CudaAutocastLists()
+
+
 def _no_padding(
     padding_mask: Any,
     q_length: int,
@@ -330,5 +395,6 @@ def as_on_cuda(torch: Any, transformers: Any) -> Iterator[None]:
         # values, which fake tensors cannot give, and would build an explicit mask (then SDPA repeats K/V and
         # leaves flash). The job has one sequence per row, as on the GPU: no packing.
         _patched(masking, "find_packed_sequence_indices", _no_packing),
+        _cuda_autocast_lists(torch),
     ):
         yield
