@@ -343,7 +343,7 @@ def _cuda_autocast_lists(torch: Any) -> Any:
             return a.to(torch.float32)
         return a
 
-    class CudaAutocastLists(TorchFunctionMode):  # type: ignore[misc]
+    class CudaAutocastLists(TorchFunctionMode):
         def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
             if (func in fp32 or func in opt_dtype) and torch.is_autocast_enabled("cpu"):
