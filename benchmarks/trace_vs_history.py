@@ -36,6 +36,7 @@ def main() -> int:
     ap.add_argument("--diffs", type=int, default=15, help="how many differing stretches to show")
     ap.add_argument("--context", type=int, default=2)
     ap.add_argument("--start", type=int, default=0, help="show differences from this GPU allocation on")
+    ap.add_argument("--limit", type=int, default=0, help="align the first N allocations of each only")
     args = ap.parse_args()
     doc = load_history(args.history)
     frames = doc["frames"]
@@ -58,6 +59,8 @@ def main() -> int:
             ours.append((ev, f"{phase}/{trace.labels[aid]}"))
     a = [s for s, _ in gpu]
     b = [s for s, _ in ours]
+    if args.limit:
+        a, b = a[: args.limit], b[: args.limit]
     sm = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
     shown = 0
     for tag, i1, i2, j1, j2 in sm.get_opcodes():

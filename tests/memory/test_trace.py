@@ -261,3 +261,46 @@ def test_autocast_runs_cudas_fp32_ops_in_fp32() -> None:
 
     assert seen["pow"] == seen["operator"] == seen["softmax"] == seen["sum"] == torch.float32
     assert seen["linear"] == seen["outside"] == torch.bfloat16
+
+
+@pytest.mark.torch
+def test_bias_gradient_sum_takes_cudas_reduction_buffer() -> None:
+    # a sum over the leading dimensions into 2048 contiguous outputs over 32768 rows stages fp32 partials in a
+    # 132 MiB global buffer on the H200 (history ft_llama1b_mixed_ckpt_b8, the norm weights' gradients); the CPU
+    # kernel has none. Summing the last dimension (one output per row) does not.
+    pytest.importorskip("transformers")
+    from gpuready.memory.lm.ops import reduce_buffer_bytes
+
+    def run(torch: object) -> None:
+        import torch as t
+
+        x = t.empty((8, 4096, 2048))
+        x.sum((0, 1))
+        x.sum(-1)
+
+    allocs = [n for n, _ in _record(run)]
+    buffer = reduce_buffer_bytes(2048, 8 * 4096)
+    assert buffer == 132 * 2**20
+    assert allocs == [8 * 4096 * 2048 * 4, 2048 * 4, buffer, 8 * 4096 * 4]
+
+
+@pytest.mark.torch
+def test_flash_backward_scratch_is_one_block_after_the_gradients() -> None:
+    # flash's backward under GQA: dq, dk, dv, then one scratch block (fp32 dq accumulator, row sums, dk and dv at the
+    # query's head count) freed on return: 516 MiB at 8 x 4096, 32 heads of 64 over 8 (history ft_llama1b_mixed_ckpt_b8)
+    pytest.importorskip("transformers")
+    b, h, hk, length, d = 1, 8, 2, 256, 64
+
+    def run(torch: object) -> None:
+        import torch as t
+
+        q = t.empty((b, h, length, d), dtype=t.bfloat16, requires_grad=True)
+        k = t.empty((b, hk, length, d), dtype=t.bfloat16, requires_grad=True)
+        v = t.empty((b, hk, length, d), dtype=t.bfloat16, requires_grad=True)
+        out = t.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        out.backward(t.empty_like(out))
+
+    allocs = [n for n, _ in _record(run)]
+    qb, kb = b * h * length * d * 2, b * hk * length * d * 2
+    scratch = b * h * length * (d + 1) * 4 + 2 * b * h * length * d * 2
+    assert allocs[-4:] == [qb, kb, kb, scratch]

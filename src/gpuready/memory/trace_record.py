@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuready.errors import GpureadyError
-from gpuready.memory.lm.ops import CUBLAS_WORKSPACE_BYTES
+from gpuready.memory.lm.ops import CUBLAS_WORKSPACE_BYTES, reduce_buffer_bytes
 
 
 class TraceUnavailable(GpureadyError):
@@ -66,6 +66,7 @@ def make_recorder(torch: Any, trace: Trace) -> Any:
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
 
+    sum_dims = torch.ops.aten.sum.dim_IntList
     matmuls = {
         torch.ops.aten.mm.default,
         torch.ops.aten.addmm.default,
@@ -114,7 +115,23 @@ def make_recorder(torch: Any, trace: Trace) -> Any:
             for t in tree_leaves(out):
                 if isinstance(t, torch.Tensor):
                     self.track(t)
+            if func is sum_dims:
+                self.reduction_buffer(args[0], args[1], out)
             return out
+
+        def reduction_buffer(self, x: Any, dims: Any, out: Any) -> None:
+            """CUDA's sum over the leading dimensions into contiguous outputs (a bias's or a norm weight's gradient)
+            stages fp32 partials in a global buffer from the caching allocator, made after the output and freed when
+            the kernel returns (memory/lm/ops.py reduce_buffer_bytes, from the recorded histories); the CPU kernel
+            has none."""
+            if not dims or out.numel() == 0:
+                return
+            reduced = sorted(d % x.dim() for d in dims)
+            if reduced != list(range(len(reduced))):
+                return
+            nbytes = reduce_buffer_bytes(out.numel(), x.numel() // out.numel())
+            if nbytes:
+                trace.free(trace.alloc(nbytes))
 
     return Recorder()
 
@@ -139,27 +156,41 @@ def _cuda_sdpa(torch: Any) -> Callable[..., Any]:
     original = functional.scaled_dot_product_attention
 
     class FusedAttention(torch.autograd.Function):  # type: ignore[misc]
-        """Allocates what the fused CUDA kernels allocate: forward output + fp32 log-sum-exp (saved);
-        backward dq/dk/dv (dk, dv at the query's head count under GQA, then summed), fp32 dq accumulator."""
+        """Allocates what the fused CUDA kernels allocate: forward output + fp32 log-sum-exp (saved); backward dq, dk,
+        dv and the kernel's scratch. Flash's backward takes its scratch as one block after dq/dk/dv and frees it on
+        return: the fp32 dq accumulator and softmax row sums (sequence rounded up to 128), and under GQA dk and dv at
+        the query's head count before they are summed back (history ft_llama1b_mixed_ckpt_b8: 516 MiB, one
+        allocation, at 8 x 4096 with 32 query / 8 K/V heads of 64). The memory-efficient kernel: dk, dv at the
+        query's head count under GQA, then summed, and the fp32 dq accumulator."""
 
         @staticmethod
-        def forward(ctx: Any, q: Any, k: Any, v: Any, lse_len: int) -> Any:
+        def forward(ctx: Any, q: Any, k: Any, v: Any, lse_len: int, flash: bool) -> Any:
             b, h, length, _ = q.shape
             # the kernels write (batch, seq, heads, dim) and return it transposed: the caller's
             # transpose(1, 2).contiguous() is then free, and o_proj saves this very storage
             out = q.new_empty((b, length, h, v.shape[-1])).transpose(1, 2)
             lse = q.new_empty((b, h, lse_len), dtype=torch.float32)
             ctx.save_for_backward(q, k, v, out, lse)
+            ctx.flash = flash
             return out
 
         @staticmethod
         def backward(ctx: Any, grad_out: Any) -> Any:
             q, k, v = ctx.saved_tensors[:3]
             b, h, length, d = q.shape
-            accum = q.new_empty((b, h, math.ceil(length / 128) * 128, d), dtype=torch.float32)
-            softmax_d = q.new_empty((b, h, math.ceil(length / 128) * 128), dtype=torch.float32)
-            dq = torch.empty_like(q)
+            rounded = math.ceil(length / 128) * 128
             hk = k.shape[1]
+            if ctx.flash:
+                dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+                scratch = b * h * rounded * (d + 1) * 4
+                if hk != h:
+                    scratch += b * h * (k.shape[2] * k.shape[3] + v.shape[2] * v.shape[3]) * k.element_size()
+                workspace = q.new_empty((scratch,), dtype=torch.uint8)
+                del workspace
+                return dq, dk, dv, None, None
+            accum = q.new_empty((b, h, rounded, d), dtype=torch.float32)
+            softmax_d = q.new_empty((b, h, rounded), dtype=torch.float32)
+            dq = torch.empty_like(q)
             if hk != h:
                 dk_full = k.new_empty((b, h, k.shape[2], k.shape[3]))
                 dv_full = v.new_empty((b, h, v.shape[2], v.shape[3]))
@@ -169,7 +200,7 @@ def _cuda_sdpa(torch: Any) -> Callable[..., Any]:
             else:
                 dk, dv = torch.empty_like(k), torch.empty_like(v)
             del accum, softmax_d
-            return dq, dk, dv, None
+            return dq, dk, dv, None, None
 
     def _math_nograd(query: Any, key: Any, value: Any) -> Any:
         """CUDA's _scaled_dot_product_attention_math without autograd, as aten runs it (attention.cpp): q scaled, K
@@ -265,7 +296,7 @@ def _cuda_sdpa(torch: Any) -> Callable[..., Any]:
                 return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
         length = query.shape[-2]
         lse_len = length if kernel == "flash" else math.ceil(length / 32) * 32
-        return FusedAttention.apply(query, key, value, lse_len)
+        return FusedAttention.apply(query, key, value, lse_len, kernel == "flash")
 
     return sdpa
 
