@@ -12,7 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuready.errors import GpureadyError
-from gpuready.memory.lm.ops import CUBLAS_WORKSPACE_BYTES
+from gpuready.memory.lm.ops import CUBLAS_WORKSPACE_BYTES, reduce_buffer_bytes
+
+# CUDA's reduction kernel stages a global buffer for sums over many rows (Recorder.reduction_buffer); a switch so that
+# tests can compare with programs that do not model it yet
+REDUCTION_BUFFERS = True
 
 
 class TraceUnavailable(GpureadyError):
@@ -66,6 +70,7 @@ def make_recorder(torch: Any, trace: Trace) -> Any:
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
 
+    sum_dims = torch.ops.aten.sum.dim_IntList
     matmuls = {
         torch.ops.aten.mm.default,
         torch.ops.aten.addmm.default,
@@ -114,7 +119,23 @@ def make_recorder(torch: Any, trace: Trace) -> Any:
             for t in tree_leaves(out):
                 if isinstance(t, torch.Tensor):
                     self.track(t)
+            if func is sum_dims and REDUCTION_BUFFERS:
+                self.reduction_buffer(args[0], args[1], out)
             return out
+
+        def reduction_buffer(self, x: Any, dims: Any, out: Any) -> None:
+            """CUDA's sum over the leading dimensions into contiguous outputs (a bias's or a norm weight's gradient)
+            stages fp32 partials in a global buffer from the caching allocator, made after the output and freed when
+            the kernel returns (memory/lm/ops.py reduce_buffer_bytes, from the recorded histories); the CPU kernel
+            has none."""
+            if not dims or out.numel() == 0:
+                return
+            reduced = sorted(d % x.dim() for d in dims)
+            if reduced != list(range(len(reduced))):
+                return
+            nbytes = reduce_buffer_bytes(out.numel(), x.numel() // out.numel())
+            if nbytes:
+                trace.free(trace.alloc(nbytes))
 
     return Recorder()
 
@@ -139,27 +160,41 @@ def _cuda_sdpa(torch: Any) -> Callable[..., Any]:
     original = functional.scaled_dot_product_attention
 
     class FusedAttention(torch.autograd.Function):  # type: ignore[misc]
-        """Allocates what the fused CUDA kernels allocate: forward output + fp32 log-sum-exp (saved);
-        backward dq/dk/dv (dk, dv at the query's head count under GQA, then summed), fp32 dq accumulator."""
+        """Allocates what the fused CUDA kernels allocate: forward output + fp32 log-sum-exp (saved); backward dq, dk,
+        dv and the kernel's scratch. Flash's backward takes its scratch as one block after dq/dk/dv and frees it on
+        return: the fp32 dq accumulator and softmax row sums (sequence rounded up to 128), and under GQA dk and dv at
+        the query's head count before they are summed back (history ft_llama1b_mixed_ckpt_b8: 516 MiB, one
+        allocation, at 8 x 4096 with 32 query / 8 K/V heads of 64). The memory-efficient kernel: dk, dv at the
+        query's head count under GQA, then summed, and the fp32 dq accumulator."""
 
         @staticmethod
-        def forward(ctx: Any, q: Any, k: Any, v: Any, lse_len: int) -> Any:
+        def forward(ctx: Any, q: Any, k: Any, v: Any, lse_len: int, flash: bool) -> Any:
             b, h, length, _ = q.shape
             # the kernels write (batch, seq, heads, dim) and return it transposed: the caller's
             # transpose(1, 2).contiguous() is then free, and o_proj saves this very storage
             out = q.new_empty((b, length, h, v.shape[-1])).transpose(1, 2)
             lse = q.new_empty((b, h, lse_len), dtype=torch.float32)
             ctx.save_for_backward(q, k, v, out, lse)
+            ctx.flash = flash
             return out
 
         @staticmethod
         def backward(ctx: Any, grad_out: Any) -> Any:
             q, k, v = ctx.saved_tensors[:3]
             b, h, length, d = q.shape
-            accum = q.new_empty((b, h, math.ceil(length / 128) * 128, d), dtype=torch.float32)
-            softmax_d = q.new_empty((b, h, math.ceil(length / 128) * 128), dtype=torch.float32)
-            dq = torch.empty_like(q)
+            rounded = math.ceil(length / 128) * 128
             hk = k.shape[1]
+            if ctx.flash:
+                dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+                scratch = b * h * rounded * (d + 1) * 4
+                if hk != h:
+                    scratch += b * h * (k.shape[2] * k.shape[3] + v.shape[2] * v.shape[3]) * k.element_size()
+                workspace = q.new_empty((scratch,), dtype=torch.uint8)
+                del workspace
+                return dq, dk, dv, None, None
+            accum = q.new_empty((b, h, rounded, d), dtype=torch.float32)
+            softmax_d = q.new_empty((b, h, rounded), dtype=torch.float32)
+            dq = torch.empty_like(q)
             if hk != h:
                 dk_full = k.new_empty((b, h, k.shape[2], k.shape[3]))
                 dv_full = v.new_empty((b, h, v.shape[2], v.shape[3]))
@@ -169,7 +204,7 @@ def _cuda_sdpa(torch: Any) -> Callable[..., Any]:
             else:
                 dk, dv = torch.empty_like(k), torch.empty_like(v)
             del accum, softmax_d
-            return dq, dk, dv, None
+            return dq, dk, dv, None, None
 
     def _math_nograd(query: Any, key: Any, value: Any) -> Any:
         """CUDA's _scaled_dot_product_attention_math without autograd, as aten runs it (attention.cpp): q scaled, K
@@ -189,6 +224,50 @@ def _cuda_sdpa(torch: Any) -> Callable[..., Any]:
         out = q.new_empty((b, h, length, value.shape[-1]))
         del probs, q, kx, vx
         return out
+
+    def _math_autograd(
+        query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: float, is_causal: bool, scale: Any, gqa: bool
+    ) -> Any:
+        """CUDA's `_scaled_dot_product_attention_math` with autograd, op for op as aten composes it (attention.cpp):
+        q scaled by sqrt(scale), the causal mask made as a float (L, S) tensor, K and V repeated to every head under
+        GQA, kᵀ scaled, the scores with the mask added in place, `_safe_softmax`, then probabilities @ v; the
+        locals (scaled q, repeated K, the mask) live until it returns. Fake tensors take the composite's
+        out-of-place add and a `_safe_softmax` without its temporaries, which the GPU does not (history
+        `ft_qwen05_fp32`)."""
+        length, kv_length, head_dim = query.shape[-2], key.shape[-2], query.shape[-1]
+        factor = math.sqrt(scale if scale is not None else 1.0 / math.sqrt(head_dim))
+        q = query * factor
+        mask = attn_mask
+        if is_causal:
+            allowed = torch.ones((length, kv_length), dtype=torch.bool).tril()
+            mask = _bool_mask_to_float(allowed, q.dtype)
+            del allowed
+        elif mask is not None and mask.dtype == torch.bool:
+            mask = _bool_mask_to_float(mask, q.dtype)
+        k, v = key, value
+        if gqa:
+            repeats = query.shape[-3] // key.shape[-3]
+            k = key.repeat_interleave(repeats, dim=-3)
+            v = value.repeat_interleave(repeats, dim=-3)
+        scores = torch.matmul(q, k.transpose(-2, -1) * factor)
+        if mask is not None:
+            scores.add_(mask)
+        probs = torch._safe_softmax(scores, -1)
+        # _safe_softmax's temporaries on CUDA: the -inf comparison (one byte per score), its all-masked rows, a
+        # scalar zero (aten/src/ATen/native/SoftMax.cpp)
+        masked = torch.empty(scores.shape, dtype=torch.bool)
+        rows = torch.empty((*scores.shape[:-1], 1), dtype=torch.bool)
+        zero = torch.empty((), dtype=scores.dtype)
+        del zero, rows, masked, scores
+        if dropout_p > 0:
+            probs = torch.native_dropout(probs, dropout_p, True)[0]
+        return torch.matmul(probs, v)
+
+    def _bool_mask_to_float(allowed: Any, dtype: Any) -> Any:
+        """attention.cpp's convert_boolean_attn_mask: 0 where allowed, -inf elsewhere, from two scalar tensors."""
+        zero = torch.scalar_tensor(0.0, dtype=dtype)
+        neg = torch.scalar_tensor(-math.inf, dtype=dtype)
+        return torch.where(allowed, zero, neg)
 
     def sdpa(
         query: Any,
@@ -212,14 +291,21 @@ def _cuda_sdpa(torch: Any) -> Callable[..., Any]:
         kernel = cuda_sdpa_kernel(half, query.shape[-1], attn_mask is not None, gqa, fp32=query.dtype == torch.float32)
         if kernel == "math" and query.dim() == 4 and not torch.is_grad_enabled():
             return _math_nograd(query, key, value)
-        if kernel == "math" or query.dim() != 4:
+        if kernel == "math" and query.dim() == 4:
+            return _math_autograd(query, key, value, attn_mask, dropout_p, is_causal, scale, gqa)
+        if query.dim() != 4:
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
             with sdpa_kernel([SDPBackend.MATH]):
                 return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
         length = query.shape[-2]
+        if not (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))):
+            # without autograd the fused kernels make no log-sum-exp: the recorded no-grad histories (gen_qwen3_4b_b64,
+            # gen_phi3_b16, gen_llama8b_b8, gen_qwen05_b64, gen_llama1b_fp16) show the output alone, beside two
+            # 8-byte RNG words and a 256-byte block
+            return query.new_empty((query.shape[0], length, query.shape[1], value.shape[-1])).transpose(1, 2)
         lse_len = length if kernel == "flash" else math.ceil(length / 32) * 32
-        return FusedAttention.apply(query, key, value, lse_len)
+        return FusedAttention.apply(query, key, value, lse_len, kernel == "flash")
 
     return sdpa
 
@@ -232,6 +318,87 @@ def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
         yield
     finally:
         setattr(owner, name, saved)
+
+
+def _cuda_dropout(torch: Any) -> Callable[..., Any]:
+    """`F.dropout` as it runs on CUDA: aten's `dropout` takes the fused `native_dropout` there (output and a one-byte
+    mask, which backward keeps), where the CPU runs `_dropout_impl` (a noise tensor of the input's dtype, kept for
+    backward, and the product). Rule from aten/src/ATen/native/Dropout.cpp (`is_fused_kernel_acceptable`: a CUDA
+    input, 0 < p < 1, not empty); in-place dropout takes the unfused path on both."""
+    functional = torch.nn.functional
+    original = functional.dropout
+
+    def dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+        if inplace or not training or not 0 < p < 1 or input.numel() == 0:
+            return original(input, p, training, inplace)
+        return torch.native_dropout(input, p, True)[0]
+
+    return dropout
+
+
+def _cuda_autocast_lists(torch: Any) -> Any:
+    """A TorchFunctionMode that gives CPU autocast CUDA's op lists where they differ and the traced jobs meet them
+    (aten/src/ATen/autocast_mode.cpp, the AutocastCUDA registrations): under CUDA autocast pow, exp, log, rsqrt,
+    layer_norm, group_norm, softplus and friends run in fp32 (16-bit inputs cast to fp32 first); softmax,
+    log_softmax, sum, cumsum and prod run with dtype=float32 (fp32_set_opt_dtype). CPU autocast leaves them in the
+    16-bit dtype, e.g. GPT-2's gelu_new (history ft_gpt2l_mixed: the fp32 pow and what follows it). Acts only while
+    CPU autocast is on, which the traced mode uses to stand for CUDA's."""
+    from torch.overrides import TorchFunctionMode
+
+    functional = torch.nn.functional
+    fp32_names = (
+        "pow",
+        "exp",
+        "expm1",
+        "log",
+        "log10",
+        "log2",
+        "log1p",
+        "reciprocal",
+        "rsqrt",
+        "acos",
+        "asin",
+        "cosh",
+        "sinh",
+        "tan",
+        "erfinv",
+        "__pow__",
+        "__rpow__",
+    )
+    fp32: set[Any] = set()
+    for name in fp32_names:
+        for owner in (torch, torch.Tensor):
+            if hasattr(owner, name):
+                fp32.add(getattr(owner, name))
+    fp32 |= {functional.layer_norm, functional.group_norm, functional.softplus, torch.layer_norm, torch.group_norm}
+    opt_dtype: set[Any] = set()
+    for name in ("softmax", "log_softmax", "sum", "cumsum", "prod"):
+        for owner in (torch, torch.Tensor, functional):
+            if hasattr(owner, name):
+                opt_dtype.add(getattr(owner, name))
+    low = (torch.float16, torch.bfloat16)
+
+    def to_fp32(a: Any) -> Any:
+        if isinstance(a, torch.Tensor) and a.dtype in low:
+            return a.to(torch.float32)
+        return a
+
+    class CudaAutocastLists(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            if (func in fp32 or func in opt_dtype) and torch.is_autocast_enabled("cpu"):
+                if func in fp32:
+                    args = tuple(to_fp32(a) for a in args)
+                    kwargs = {k: to_fp32(v) for k, v in kwargs.items()}
+                elif (
+                    args and isinstance(args[0], torch.Tensor) and args[0].dtype in low and kwargs.get("dtype") is None
+                ):
+                    kwargs = {**kwargs, "dtype": torch.float32}
+                with torch.autocast("cpu", enabled=False):
+                    return func(*args, **kwargs)
+            return func(*args, **kwargs)
+
+    return CudaAutocastLists()
 
 
 def _no_padding(
@@ -262,10 +429,12 @@ def as_on_cuda(torch: Any, transformers: Any) -> Iterator[None]:
 
     with (
         _patched(torch.nn.functional, "scaled_dot_product_attention", _cuda_sdpa(torch)),
+        _patched(torch.nn.functional, "dropout", _cuda_dropout(torch)),
         _patched(masking, "_ignore_causal_mask_sdpa", _no_padding),
         # training passes position_ids without a mask: transformers looks for packed sequences by reading their
         # values, which fake tensors cannot give, and would build an explicit mask (then SDPA repeats K/V and
         # leaves flash). The job has one sequence per row, as on the GPU: no packing.
         _patched(masking, "find_packed_sequence_indices", _no_packing),
+        _cuda_autocast_lists(torch),
     ):
         yield

@@ -281,7 +281,10 @@ def _infer(torch: Any, model: Any, w: Workload, trace: Trace, recorder: Any, dec
             return
         cache = DynamicCache(config=model.config)
         trace.mark("prefill", "activations")
-        out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        # generate() passes one row of position ids per sequence (_prepare_position_ids_for_generation), so RoPE's
+        # cos and sin are made per row (history gen_qwen3_4b_b64)
+        positions = torch.empty((w.batch, w.seq), dtype=torch.long)
+        out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1, position_ids=positions)
         _label_cache(cache, trace, recorder)
         logits = out.logits[:, -1].to(copy=True, dtype=torch.float32)
         del out
