@@ -30,9 +30,11 @@ threshold, `expandable_segments:False`) and ../shared/calibration/NOTES.md:
 from __future__ import annotations
 
 import bisect
+from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from gpuready.memory.native import ERRORS, NativeReplay, replay_function
 from gpuready.units import MIB
 
 MIN_BLOCK_SIZE = 512  # kMinBlockSize: every request is rounded up to a multiple of this
@@ -269,10 +271,36 @@ def replay(
     BlockPool order: smallest size, then lowest address) with two dicts from a free block's start to its size
     and from its end to its start (a freed block merges with the free block ending where it starts and the
     one starting where it ends: segments are never adjacent, so these are its neighbours in its segment).
-    Events on several streams take replay_reference. benchmarks/replay_check.py checks the two agree."""
+    Events on several streams take replay_reference. benchmarks/replay_check.py checks the two agree. Where
+    memory/native.py can build it, the compiled loop (memory/_replay.c) runs instead of the Python one: the same
+    results (tests/memory/test_native.py)."""
     if streams is not None:
         return replay_reference(events, capacity_bytes, streams)
+    native = replay_function()
+    if native is not None:
+        return _replay_native(native, events, capacity_bytes)
     return _replay_one_stream(events, capacity_bytes)
+
+
+def _replay_native(native: NativeReplay, events: Iterable[int], capacity_bytes: int | None) -> AllocatorStats:
+    """`_replay_one_stream` compiled (memory/_replay.c, through memory/native.py): the same stats."""
+    evs = events if isinstance(events, (list, tuple, array)) else list(events)
+    rc, out = native(evs, -1 if capacity_bytes is None else capacity_bytes)
+    if rc:
+        if rc == 3:
+            raise MemoryError(ERRORS[rc])
+        raise ValueError(f"event {out[9]}: allocation {-evs[out[9]]} {ERRORS[rc]}")
+    return AllocatorStats(
+        peak_allocated_bytes=out[0],
+        peak_reserved_bytes=out[1],
+        allocated_bytes=out[2],
+        reserved_bytes=out[3],
+        peak_allocated_event=out[4],
+        peak_reserved_event=out[5],
+        segments=out[6],
+        releases=out[7],
+        oom_event=None if out[8] < 0 else out[8],
+    )
 
 
 def _replay_one_stream(events: Iterable[int], capacity_bytes: int | None) -> AllocatorStats:

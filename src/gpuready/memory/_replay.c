@@ -1,0 +1,260 @@
+/* gpuready: the caching-allocator replay of memory/allocator.py (`_replay_one_stream`), compiled.
+ *
+ * The same rules, step for step, as the Python loop it replaces (memory/allocator.py's docstrings give them and
+ * their sources in PyTorch's CUDACachingAllocator.cpp); memory/native.py compiles this file on first use and
+ * falls back to the Python loop where it cannot. tests/memory/test_native.py checks the two give the same stats.
+ *
+ * Blocks are kept as PyTorch keeps them: each is a piece of a segment with links to its neighbours in the segment;
+ * the cached free blocks of each pool are an array sorted by (size, address), the BlockPool order. A segment's
+ * first block keeps its slot for the segment's life (a freed block merges into the free block before it, which
+ * absorbs it, or absorbs the free block after it), so a segment is wholly free when its first block is free and has
+ * no neighbour.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MIN_BLOCK 512LL
+#define SMALL_SIZE (1LL << 20)
+#define SMALL_BUFFER (2LL << 20)
+#define LARGE_BUFFER (20LL << 20)
+#define MIN_LARGE_ALLOC (10LL << 20)
+#define ROUND_LARGE (2LL << 20)
+#define SMALL_BASE (1LL << 48)
+
+enum { OK = 0, ERR_TWICE = 1, ERR_ID = 2, ERR_NOMEM = 3 };
+
+typedef struct {
+    int64_t addr, size;
+    int32_t prev, next; /* neighbours in the segment, -1 for none */
+    int8_t allocated, small;
+} Block;
+
+typedef struct {
+    int32_t *e; /* block slots, ordered by the blocks' (size, address): the BlockPool order */
+    int64_t n, cap;
+} Pool;
+
+typedef struct {
+    Block *b;
+    int64_t n, cap;
+    int32_t *spare; /* recycled slots */
+    int64_t nspare, capspare;
+} Blocks;
+
+static int grow(void **p, int64_t *cap, int64_t need, size_t item) {
+    if (need <= *cap) return 1;
+    int64_t c = *cap ? *cap : 64;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, (size_t)c * item);
+    if (!q) return 0;
+    *p = q;
+    *cap = c;
+    return 1;
+}
+
+/* the first position whose block has (size, addr) >= (size, addr) */
+static inline int64_t lower(const Pool *p, const Block *b, int64_t size, int64_t addr) {
+    int64_t lo = 0, hi = p->n;
+    while (lo < hi) {
+        int64_t mid = (lo + hi) >> 1;
+        const Block *m = &b[p->e[mid]];
+        if (m->size < size || (m->size == size && m->addr < addr))
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static int pool_add(Pool *p, const Block *b, int32_t blk) {
+    if (!grow((void **)&p->e, &p->cap, p->n + 1, sizeof(int32_t))) return 0;
+    int64_t i = lower(p, b, b[blk].size, b[blk].addr);
+    memmove(&p->e[i + 1], &p->e[i], (size_t)(p->n - i) * sizeof(int32_t));
+    p->e[i] = blk;
+    p->n++;
+    return 1;
+}
+
+static inline void pool_delete_at(Pool *p, int64_t i) {
+    memmove(&p->e[i], &p->e[i + 1], (size_t)(p->n - i - 1) * sizeof(int32_t));
+    p->n--;
+}
+
+/* (a block's size and address must be those it was added with) */
+static void pool_remove(Pool *p, const Block *b, int32_t blk) {
+    pool_delete_at(p, lower(p, b, b[blk].size, b[blk].addr));
+}
+
+static int32_t new_block(Blocks *bs) {
+    if (bs->nspare) return bs->spare[--bs->nspare];
+    if (!grow((void **)&bs->b, &bs->cap, bs->n + 1, sizeof(Block))) return -1;
+    return (int32_t)bs->n++;
+}
+
+static int drop_block(Blocks *bs, int32_t i) {
+    if (!grow((void **)&bs->spare, &bs->capspare, bs->nspare + 1, sizeof(int32_t))) return 0;
+    bs->spare[bs->nspare++] = i;
+    return 1;
+}
+
+/* out: peak_allocated, peak_reserved, allocated, reserved, peak_allocated_event, peak_reserved_event, segments,
+ * releases, oom_event (-1: none), and on an error the event's index. cap < 0: no limit. */
+int gr_replay(const int64_t *ev, int64_t n, int64_t cap, int64_t *out) {
+    Pool pools[2] = {{0}, {0}}; /* 0: large, 1: small */
+    Blocks bs = {0};
+    int32_t *handle = NULL; /* allocation id -> block slot (-1 once freed) */
+    int64_t nhandle = 1, caphandle = 0;
+    int32_t *heads = NULL; /* segments' first blocks */
+    int64_t nheads = 0, capheads = 0;
+    int64_t allocated = 0, reserved = 0, peak_a = 0, peak_r = 0, peak_a_event = -1, peak_r_event = -1;
+    int64_t segments = 0, releases = 0, oom = -1;
+    int64_t next_small = SMALL_BASE, next_large = SMALL_BASE;
+    int rc = OK;
+    int64_t i;
+    if (!grow((void **)&handle, &caphandle, 1024, sizeof(int32_t))) return ERR_NOMEM;
+    handle[0] = -1;
+    for (i = 0; i < n; i++) {
+        int64_t e = ev[i];
+        if (e > 0) {
+            int64_t size = (e + MIN_BLOCK - 1) / MIN_BLOCK * MIN_BLOCK;
+            int small = size <= SMALL_SIZE;
+            Pool *pool = &pools[small];
+            int64_t j = lower(pool, bs.b, size, 0);
+            int32_t blk;
+            if (j < pool->n) {
+                blk = pool->e[j];
+                pool_delete_at(pool, j);
+            } else {
+                int64_t seg;
+                if (small)
+                    seg = SMALL_BUFFER;
+                else if (size < MIN_LARGE_ALLOC)
+                    seg = LARGE_BUFFER;
+                else
+                    seg = (size + ROUND_LARGE - 1) / ROUND_LARGE * ROUND_LARGE;
+                if (cap >= 0 && reserved + seg > cap) {
+                    /* release every wholly free segment, then retry once */
+                    int64_t k, kept = 0;
+                    for (k = 0; k < nheads; k++) {
+                        int32_t h = heads[k];
+                        Block *b = &bs.b[h];
+                        if (!b->allocated && b->prev < 0 && b->next < 0) {
+                            pool_remove(&pools[b->small], bs.b, h);
+                            reserved -= b->size;
+                            segments--;
+                            if (!drop_block(&bs, h)) { rc = ERR_NOMEM; goto done; }
+                        } else {
+                            heads[kept++] = h;
+                        }
+                    }
+                    nheads = kept;
+                    releases++;
+                    if (reserved + seg > cap) {
+                        oom = i;
+                        break;
+                    }
+                }
+                int64_t addr;
+                if (small) {
+                    addr = next_small;
+                    next_small += seg + ROUND_LARGE;
+                } else {
+                    next_large -= seg + ROUND_LARGE;
+                    addr = next_large;
+                }
+                blk = new_block(&bs);
+                if (blk < 0) { rc = ERR_NOMEM; goto done; }
+                Block *b = &bs.b[blk];
+                b->addr = addr;
+                b->size = seg;
+                b->prev = b->next = -1;
+                b->allocated = 0;
+                b->small = (int8_t)small;
+                if (!grow((void **)&heads, &capheads, nheads + 1, sizeof(int32_t))) { rc = ERR_NOMEM; goto done; }
+                heads[nheads++] = blk;
+                segments++;
+                reserved += seg;
+                if (reserved > peak_r) {
+                    peak_r = reserved;
+                    peak_r_event = i;
+                }
+            }
+            Block *b = &bs.b[blk];
+            int64_t remaining = b->size - size;
+            if (small ? remaining >= MIN_BLOCK : remaining > SMALL_SIZE) {
+                int32_t r = new_block(&bs);
+                if (r < 0) { rc = ERR_NOMEM; goto done; }
+                b = &bs.b[blk]; /* new_block may have moved the array */
+                Block *rest = &bs.b[r];
+                rest->addr = b->addr + size;
+                rest->size = remaining;
+                rest->small = (int8_t)small;
+                rest->allocated = 0;
+                rest->prev = blk;
+                rest->next = b->next;
+                if (b->next >= 0) bs.b[b->next].prev = r;
+                b->next = r;
+                b->size = size;
+                if (!pool_add(pool, bs.b, r)) { rc = ERR_NOMEM; goto done; }
+            }
+            b->allocated = 1;
+            if (!grow((void **)&handle, &caphandle, nhandle + 1, sizeof(int32_t))) { rc = ERR_NOMEM; goto done; }
+            handle[nhandle++] = blk;
+            allocated += b->size;
+            if (allocated > peak_a) {
+                peak_a = allocated;
+                peak_a_event = i;
+            }
+        } else if (e < 0) {
+            int64_t k = -e;
+            if (k >= nhandle) { rc = ERR_ID; goto done; }
+            int32_t blk = handle[k];
+            if (blk < 0) { rc = ERR_TWICE; goto done; }
+            handle[k] = -1;
+            Block *b = &bs.b[blk];
+            Pool *pool = &pools[b->small];
+            allocated -= b->size;
+            b->allocated = 0;
+            if (b->prev >= 0 && !bs.b[b->prev].allocated) {
+                int32_t p = b->prev;
+                Block *pb = &bs.b[p];
+                pool_remove(pool, bs.b, p);
+                pb->size += b->size;
+                pb->next = b->next;
+                if (b->next >= 0) bs.b[b->next].prev = p;
+                if (!drop_block(&bs, blk)) { rc = ERR_NOMEM; goto done; }
+                blk = p;
+                b = pb;
+            }
+            if (b->next >= 0 && !bs.b[b->next].allocated) {
+                int32_t nx = b->next;
+                Block *nb = &bs.b[nx];
+                pool_remove(pool, bs.b, nx);
+                b->size += nb->size;
+                b->next = nb->next;
+                if (nb->next >= 0) bs.b[nb->next].prev = blk;
+                if (!drop_block(&bs, nx)) { rc = ERR_NOMEM; goto done; }
+            }
+            if (!pool_add(pool, bs.b, blk)) { rc = ERR_NOMEM; goto done; }
+        }
+    }
+done:
+    out[0] = peak_a;
+    out[1] = peak_r;
+    out[2] = allocated;
+    out[3] = reserved;
+    out[4] = peak_a_event;
+    out[5] = peak_r_event;
+    out[6] = segments;
+    out[7] = releases;
+    out[8] = oom;
+    out[9] = i;
+    free(pools[0].e);
+    free(pools[1].e);
+    free(bs.b);
+    free(bs.spare);
+    free(handle);
+    free(heads);
+    return rc;
+}

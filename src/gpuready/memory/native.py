@@ -1,0 +1,134 @@
+"""The compiled allocator replay (memory/_replay.c): built on first use with the machine's C compiler, kept in the
+user's cache folder, loaded with ctypes. Where it cannot be built or loaded (no compiler, a read-only cache, another
+platform), `replay_function()` returns None and memory/allocator.py runs its Python loop, which gives the same
+results (tests/memory/test_native.py compares them) in about 30 times the time.
+
+`GPUREADY_NATIVE=0` turns the compiled path off; `GPUREADY_CACHE` moves the cache folder (default
+`$XDG_CACHE_HOME/gpuready`, else `~/.cache/gpuready`). The library's file is named by a hash of the source and the
+machine, so a changed source is built again and never loads a stale library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from array import array
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("_replay.c")
+STATS = 10  # int64 figures gr_replay writes (see _replay.c)
+ERRORS = {1: "freed twice", 2: "freed before it was allocated", 3: "the replay ran out of host memory"}
+
+NativeReplay = Callable[[Sequence[int], int], tuple[int, list[int]]]
+
+_lock = threading.Lock()
+_loaded: list[NativeReplay | None] = []  # [] until tried, then [function or None]
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("GPUREADY_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "gpuready"
+    )
+    return Path(root) / "native"
+
+
+def library_path(source: bytes) -> Path:
+    key = hashlib.sha256(source + platform.machine().encode() + platform.system().encode()).hexdigest()[:16]
+    return cache_dir() / f"replay-{key}.so"
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def build(source_path: Path = SOURCE) -> Path | None:
+    """The compiled library for `source_path`, built now if the cache does not hold it; None when it cannot be."""
+    try:
+        source = source_path.read_bytes()
+        target = library_path(source)
+        if target.is_file():
+            return target
+        cc = _compiler()
+        if cc is None or platform.system() == "Windows":
+            return None
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # built beside the target under a temporary name, then renamed: a concurrent run sees no half-written file
+        fd, tmp = tempfile.mkstemp(prefix=".replay-", suffix=".so", dir=target.parent)
+        os.close(fd)
+        try:
+            done = subprocess.run(
+                [cc, "-O2", "-shared", "-fPIC", "-o", tmp, str(source_path)],
+                capture_output=True,
+                timeout=120,
+                check=False,
+            )
+            if done.returncode != 0:
+                return None
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return target
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _load(path: Path) -> NativeReplay:
+    lib = ctypes.CDLL(str(path))
+    fn = lib.gr_replay
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+
+    def run(events: Sequence[int], capacity_bytes: int) -> tuple[int, list[int]]:
+        evs = events if isinstance(events, array) and events.typecode == "q" else array("q", events)
+        out = array("q", bytes(8 * STATS))
+        ev_addr = evs.buffer_info()[0] if len(evs) else 0
+        rc = fn(ev_addr, len(evs), capacity_bytes, out.buffer_info()[0])
+        return rc, out.tolist()
+
+    return run
+
+
+def _build_and_load() -> NativeReplay | None:
+    """Load the cached library; one that does not load (a damaged file) is removed and built again, once."""
+    for _ in range(2):
+        path = build()
+        if path is None:
+            return None
+        try:
+            return _load(path)
+        except (OSError, AttributeError):  # not a loadable library, or not ours (no gr_replay)
+            try:
+                path.unlink()
+            except OSError:
+                return None
+    return None
+
+
+def replay_function() -> NativeReplay | None:
+    """The compiled replay, or None where it is off or cannot be had (then the Python loop runs)."""
+    if _loaded:
+        return _loaded[0]
+    with _lock:
+        if not _loaded:
+            fn: NativeReplay | None = None
+            if os.environ.get("GPUREADY_NATIVE", "1") != "0":
+                fn = _build_and_load()
+            _loaded.append(fn)
+    return _loaded[0]
+
+
+def reset() -> None:
+    """Forget what was loaded (tests switch GPUREADY_NATIVE)."""
+    with _lock:
+        _loaded.clear()
