@@ -194,6 +194,7 @@ def timed(key, fn):
             count[key] = count.get(key, 0) + 1
     return run
 allocator._replay_one_stream = timed("replays", allocator._replay_one_stream)
+allocator._replay_native = timed("replays", allocator._replay_native)
 est._build = timed("builds", est._build)
 program.Program.breakdown = timed("breakdowns", program.Program.breakdown)
 from gpuready.cli.app import main

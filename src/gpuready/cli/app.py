@@ -18,17 +18,6 @@ except ImportError:  # pragma: no cover - older typer with click as a dependency
 
 coercion.install()  # typer's parameters without a pydantic TypeAdapter where none is needed (cli/coercion.py)
 
-app = typer.Typer(
-    name="gpuready",
-    help="Will your deep-learning job run on that GPU? Size it, check the image, trial-run it, keep your files.",
-    no_args_is_help=True,
-    add_completion=True,
-    pretty_exceptions_enable=False,
-    # plain help: rich markup would eat "[trace]", "[default: ...]" and other brackets in the texts
-    rich_markup_mode=None,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
-
 
 def _version(value: bool) -> None:
     if value:
@@ -38,7 +27,6 @@ def _version(value: bool) -> None:
         raise typer.Exit(0)
 
 
-@app.callback()
 def _options(
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="print the version and exit")
@@ -48,20 +36,56 @@ def _options(
     """Will your deep-learning job run on that GPU? Size it, check the image, trial-run it, keep your files."""
 
 
-# Each module defines `register(app)`. Keep this list sorted; one line per command group.
-COMMAND_MODULES = (
-    "gpuready.cli.bench",
-    "gpuready.cli.check",
-    "gpuready.cli.doctor",
-    "gpuready.cli.estimate",
-    "gpuready.cli.models",
-    "gpuready.cli.plan",
-    "gpuready.cli.storage",
-    "gpuready.cli.trial",
-)
+# Each module defines `register(app)`, which adds the commands named here (tests/cli/test_app.py checks the names).
+# Keep this sorted; one line per module.
+COMMAND_MODULES = {
+    "gpuready.cli.bench": ("bench", "compare"),
+    "gpuready.cli.check": ("check",),
+    "gpuready.cli.doctor": ("doctor", "env", "image"),
+    "gpuready.cli.estimate": ("estimate",),
+    "gpuready.cli.models": ("models", "gpus"),
+    "gpuready.cli.plan": ("plan",),
+    "gpuready.cli.storage": ("storage", "manifest", "sync"),
+    "gpuready.cli.trial": ("trial", "history"),
+}
 
-for _name in COMMAND_MODULES:
-    importlib.import_module(_name).register(app)
+
+def build_app(modules: tuple[str, ...] = tuple(COMMAND_MODULES)) -> typer.Typer:
+    """The Typer app with the commands of `modules` (all by default)."""
+    made = typer.Typer(
+        name="gpuready",
+        help="Will your deep-learning job run on that GPU? Size it, check the image, trial-run it, keep your files.",
+        no_args_is_help=True,
+        add_completion=True,
+        pretty_exceptions_enable=False,
+        # plain help: rich markup would eat "[trace]", "[default: ...]" and other brackets in the texts
+        rich_markup_mode=None,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    made.callback()(_options)
+    for name in modules:
+        importlib.import_module(name).register(made)
+    return made
+
+
+def _modules_for(args: list[str]) -> tuple[str, ...]:
+    """Only the module of the command being run (typer builds every command's parameters when it starts, about a
+    tenth of a second for all of them); every module for help, completion or a word that is no command."""
+    words = [a for a in args if not a.startswith("-")]
+    if words and not any(a in ("-h", "--help") for a in args[: args.index(words[0])]):
+        for module, commands in COMMAND_MODULES.items():
+            if words[0] in commands:
+                return (module,)
+    return tuple(COMMAND_MODULES)
+
+
+def __getattr__(name: str) -> typer.Typer:
+    """`app`: the whole app, built when first asked for (tests and typer's tooling use it)."""
+    if name == "app":
+        made = build_app()
+        globals()["app"] = made
+        return made
+    raise AttributeError(name)
 
 
 def _one_line(text: str) -> str:
@@ -75,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     if debug:
         args.remove("--debug")
     try:
-        result = app(args=args, prog_name="gpuready", standalone_mode=False)
+        result = build_app(_modules_for(args))(args=args, prog_name="gpuready", standalone_mode=False)
     except GpureadyError as exc:
         if debug:
             raise

@@ -11,13 +11,10 @@ machine, so a changed source is built again and never loads a stale library.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import platform
-import shutil
-import subprocess
-import tempfile
 import threading
+import zlib
 from array import array
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -40,11 +37,15 @@ def cache_dir() -> Path:
 
 
 def library_path(source: bytes) -> Path:
-    key = hashlib.sha256(source + platform.machine().encode() + platform.system().encode()).hexdigest()[:16]
+    """Where the library built from `source` is cached: named by the source's CRC-32 and length and the machine
+    (a changed source gets a new name; zlib, not hashlib, to keep a run's start-up short)."""
+    key = f"{zlib.crc32(source):08x}{len(source):x}-{platform.machine()}"
     return cache_dir() / f"replay-{key}.so"
 
 
 def _compiler() -> str | None:
+    import shutil
+
     for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
         if name and shutil.which(name):
             return name
@@ -53,6 +54,9 @@ def _compiler() -> str | None:
 
 def build(source_path: Path = SOURCE) -> Path | None:
     """The compiled library for `source_path`, built now if the cache does not hold it; None when it cannot be."""
+    import subprocess
+    import tempfile
+
     try:
         source = source_path.read_bytes()
         target = library_path(source)
@@ -79,7 +83,7 @@ def build(source_path: Path = SOURCE) -> Path | None:
             if os.path.exists(tmp):
                 os.unlink(tmp)
         return target
-    except (OSError, subprocess.SubprocessError):
+    except (OSError, subprocess.SubprocessError, ValueError):
         return None
 
 

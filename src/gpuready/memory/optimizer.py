@@ -33,11 +33,9 @@ def optimizer_step(prog: Program, optim: str, params: list[Trainable], state: li
         # dtype group at once: one parameter-sized temporary per group (NOTES.md: the 8B full fine-tune peaks
         # at 5.0x the bf16 weights = weights + grads + 2 states + this temporary).
         if first:
-            for p in params:
-                handles.append(prog.alloc("optimizer_states", p.nbytes))
-                handles.append(prog.alloc("optimizer_states", p.nbytes))
+            handles.extend(prog.alloc_many("optimizer_states", [p.nbytes for p in params for _ in (0, 1)]))
         for group in _dtype_groups(params):
-            prog.free_all([prog.alloc("optimizer_temporaries", p.nbytes) for p in group])
+            prog.free_all(prog.alloc_many("optimizer_temporaries", [p.nbytes for p in group]))
     elif optim == "sgd":
         # SGD(momentum=0.9): one momentum buffer per parameter, a clone of the first gradient; in-place after
         if first:

@@ -19,6 +19,34 @@ def rounded(nbytes: int) -> int:
     return max(ROUND, (nbytes + ROUND - 1) // ROUND * ROUND) if nbytes > 0 else 0
 
 
+@dataclass(frozen=True)
+class SpanShape:
+    """A run of events summed up from the allocated total at its start: the total's change at its end (`net`), its
+    highest point just after an allocation (`high`, reached first after event `high_at`) and the largest
+    allocation (`largest`); with no allocation, `high_at` is -1."""
+
+    net: int
+    high: int
+    high_at: int
+    largest: int
+
+
+def span_shape(events: list[int], freed: list[int]) -> SpanShape:
+    """The shape of `events` (+size, -handle), `freed[k]` being the size of the handle freed by event k."""
+    total = largest = 0
+    high, high_at = 0, -1
+    for k, ev in enumerate(events):
+        if ev > 0:
+            total += ev
+            if ev > largest:
+                largest = ev
+            if high_at < 0 or total > high:  # (measured after allocations only, as alloc measures it)
+                high, high_at = total, k
+        else:
+            total -= freed[k]
+    return SpanShape(total, high, high_at, largest)
+
+
 # `on_new`: called with every Program made in this thread while memory/template.py records a program with the batch
 # as a symbol (absent otherwise; per thread, so that programs built meanwhile in other threads are plain)
 HOOKS = threading.local()
@@ -77,6 +105,46 @@ class Program:
             if allocated > self.peak_allocated:
                 self.peak_allocated = allocated
         return len(sizes) - 1
+
+    def append_span(self, events: list[int], sizes: list[int], categories: list[str], shape: SpanShape) -> None:
+        """Append `events` as alloc and free would have made them (a recorded span written out again, memory/lm/
+        memo.py): allocations take the next handles with `sizes` (rounded) and `categories`; frees name handles of
+        this program; `shape` sums the span up (span_shape), so the running totals move as alloc and free would
+        move them."""
+        self.sizes.extend(sizes)
+        self.categories.extend(categories)
+        start = len(self.events)
+        self.events.extend(events)
+        before = self.allocated
+        self.allocated = before + shape.net
+        if shape.largest > self.largest_request and not self._loading:
+            self.largest_request = shape.largest
+        top = before + shape.high
+        if shape.high_at >= 0 and top > self._phase_peak:
+            self._phase_peak = self.phase_peaks[self.phase] = top
+            self.phase_peak_events[self.phase] = start + shape.high_at + 1
+            if top > self.peak_allocated:
+                self.peak_allocated = top
+
+    def alloc_many(self, category: str, sizes: list[int]) -> list[int]:
+        """[alloc(category, n) for n in sizes], in one pass."""
+        if not sizes or min(sizes) <= 0 or "alloc" in vars(self):  # (0-byte tensors, or a template's recording)
+            return [self.alloc(category, n) for n in sizes]
+        rounded = [(int(n) + ROUND - 1) // ROUND * ROUND for n in sizes]
+        first = len(self.sizes)
+        self.sizes.extend(rounded)
+        self.categories.extend([category] * len(rounded))
+        start = len(self.events)
+        self.events.extend(rounded)
+        self.allocated = top = self.allocated + sum(rounded)
+        if not self._loading:
+            self.largest_request = max(self.largest_request, max(rounded))
+        if top > self._phase_peak:  # (sizes are positive: the total is highest at the end)
+            self._phase_peak = self.phase_peaks[self.phase] = top
+            self.phase_peak_events[self.phase] = start + len(rounded)
+            if top > self.peak_allocated:
+                self.peak_allocated = top
+        return list(range(first, first + len(rounded)))
 
     def free(self, handle: int) -> None:
         if handle == 0:

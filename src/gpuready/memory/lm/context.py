@@ -65,6 +65,13 @@ def dense_lora(spec: ModelSpec, w: Workload) -> frozenset[str]:
     return frozenset(n for n in EXPERT_MODULE_NAMES if n in wanted)
 
 
+def layer_kind(spec: ModelSpec, layer: int) -> bool:
+    """What of a layer's index its program depends on: whether the layer is past an MoE model's dense layers
+    (layer_linears, layer_lora, mlp_width and the layer functions read the index only through this comparison;
+    memory/lm/memo.py writes out one layer's events for every layer of the same kind)."""
+    return layer >= spec.dense_layers
+
+
 def layer_linears(spec: ModelSpec, layer: int) -> tuple[Linear, ...]:
     """The linears of this layer: an MoE model's dense layers (DeepSeek's leading first_k_dense_replace, Llama 4's
     layers between the MoE ones) have one MLP of intermediate_size in place of the experts and no shared expert."""

@@ -13,6 +13,7 @@ from gpuready.memory.lm.blocks_train import block_forward
 from gpuready.memory.lm.context import make_ctx
 from gpuready.memory.lm.fsdp import Fsdp
 from gpuready.memory.lm.loss import Sampler, final_norm_forward, logits_and_loss_backward, logits_and_loss_forward
+from gpuready.memory.lm.memo import SpanMemo, layer_backward, layer_forward, layer_nograd
 from gpuready.memory.lm.neox import NeoxKept, neox_recorded, neox_train_backward, neox_train_forward
 from gpuready.memory.lm.ops import (
     CUBLAS_WORKSPACE_BYTES,
@@ -50,6 +51,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
     ctx = make_ctx(spec, w)
     streams = {"fsdp_all_gather_buffers": Fsdp.GATHER_STREAM, "sharded_gradients": Fsdp.REDUCE_STREAM}
     prog = Program(streams=streams if ctx.shards > 1 else {})
+    memo = SpanMemo(prog, ctx)
     weights = load_weights(prog, ctx, whole_first=not meta_init)
     trainable, cast_bytes = weights.trainable, weights.cast_bytes
     h, T, e, r = spec.hidden, ctx.tokens, ctx.dt.act, ctx.dt.resid
@@ -109,8 +111,8 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 elif w.grad_ckpt:
                     # non-reentrant checkpointing keeps each layer's input and recomputes the rest in backward
                     ckpt_inputs.append(x)
-                    x, _ = block_nograd(
-                        prog,
+                    x, _ = layer_nograd(
+                        memo,
                         ctx,
                         x,
                         layer,
@@ -120,8 +122,10 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                         cache_casts=ctx.full,
                     )
                     per_layer.append([])
+                elif fsdp:
+                    per_layer.append(block_forward(prog, ctx, layer, keep=True, residual_out=outs))
                 else:
-                    per_layer.append(block_forward(prog, ctx, layer, keep=True, residual_out=outs if fsdp else None))
+                    per_layer.append(layer_forward(memo, ctx, layer, keep=True))
                 if fsdp:
                     fsdp.reshard(layer)
                     if outs:
@@ -246,7 +250,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 copies = 0
                 if w.grad_ckpt:
                     copies = prog.alloc("autocast_weight_copies", layer_casts // spec.layers) if layer_casts else 0
-                    saved = block_forward(prog, ctx, layer, keep=True)  # recomputed for its backward
+                    saved = layer_forward(memo, ctx, layer, keep=True)  # recomputed for its backward
                 if fsdp:
                     full: list[int] = []
                     block_backward(prog, saved, full, False)
@@ -259,7 +263,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                     if shard:
                         grads.append(shard)
                     continue
-                block_backward(prog, saved, grads, accumulate)
+                layer_backward(memo, saved, grads, accumulate)
                 prog.free(copies)
                 if w.grad_ckpt:
                     prog.free(ckpt_inputs[layer])
@@ -334,6 +338,7 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
     --new-tokens 0 two plain forward passes with use_cache=True over the prompt."""
     ctx = make_ctx(spec, w)
     prog = Program()
+    memo = SpanMemo(prog, ctx)
     load_weights(prog, ctx)
     workspace = False
     h, e, B, S, V = spec.hidden, ctx.dt.act, w.batch, w.seq, spec.vocab
@@ -358,7 +363,7 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
             # a sliding-window layer keeps the whole prompt's K and V through the prefill: transformers'
             # DynamicSlidingWindowLayer stores `full[:, :, -window + 1:]`, a view that holds the whole tensor until
             # the first decode step's torch.cat makes a window-sized one (transformers cache_utils.py)
-            x, kv = block_nograd(prog, ctx, x, layer, cache_kv=True, keep_input=layer == 0)
+            x, kv = layer_nograd(memo, ctx, x, layer, cache_kv=True, keep_input=layer == 0)
             cache.extend(kv)
         if spec.model_type == "gpt2":
             normed = prog.alloc("activations", B * S * h * ctx.dt.resid)

@@ -1,0 +1,163 @@
+"""A layer's events made once per program and written out again for the layers like it.
+
+Building a program calls the same layer function for every layer of the model and every step (32 layers x 3 steps
+for an 8B model), and each call makes the same events: the same sizes, allocated and freed in the same order, on
+handles numbered from where the program stands. `SpanMemo.call` runs the function the first time for a key, records
+the events it appended, and for the next call with an equal key appends the recorded events with the handles
+renumbered: those the span allocated become the program's next handles, and the few it frees but did not allocate
+(its inputs: the residual stream, the tensors a forward kept for its backward) become the new call's inputs.
+
+The key must name everything the span depends on; the layer functions read a layer's index only through
+`layer_kind` (context.py), and the callers put the sizes of the inputs in the key. A span that frees a handle that
+is neither its own nor one of the inputs it was given, or returns such a handle, is not recorded (it runs every
+time). Programs recorded with the batch as a symbol (memory/template.py) are not memoised. tests/memory/
+test_memo.py builds programs both ways over the benchmark sweep's jobs and finds them identical.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpuready.memory.lm.autograd import Saved, block_backward
+from gpuready.memory.lm.blocks_infer import block_nograd
+from gpuready.memory.lm.blocks_train import block_forward
+from gpuready.memory.lm.context import Ctx, layer_kind
+from gpuready.memory.program import Program, SpanShape, span_shape
+
+Run = Callable[[], tuple[list[int], Any]]
+
+
+@dataclass(frozen=True)
+class _Span:
+    events: list[int]  # allocations as sizes; frees of the span's own handles as -(k + 1), k counted from its first
+    inputs: list[tuple[int, int]]  # (position in events, index into the inputs) of each free of an input
+    sizes: list[int]
+    categories: list[str]
+    result: list[tuple[bool, int]]  # (own handle?, offset from the first handle / index into the inputs); 0 stays 0
+    payload: Any  # what else run() returned, handed back as it is
+    shape: SpanShape  # the running total's moves (the inputs' sizes are part of the key)
+
+
+ENABLED = True  # False: every span runs (tests/memory/test_memo.py builds programs both ways)
+
+
+class SpanMemo:
+    """Spans of one program by key (see the module docstring)."""
+
+    def __init__(self, prog: Program, ctx: Ctx) -> None:
+        self.prog = prog
+        self.ctx = ctx  # the job's context: spans of another (a decode step's) run every time
+        # a program being recorded as a template has its alloc/free replaced on the instance: run every span there
+        self.enabled = ENABLED and "alloc" not in vars(prog)
+        self.spans: dict[Hashable, _Span | None] = {}
+
+    def call(self, key: Hashable, inputs: Sequence[int], run: Run) -> tuple[list[int], Any]:
+        """run()'s result (a list of handles, and a payload that names no handle), its events appended to the
+        program: recorded on the first call with `key`, written out again on the next ones. `inputs`: the handles
+        made before the call that the span may free or return, in an order that corresponds from call to call."""
+        if not self.enabled:
+            return run()
+        span = self.spans.get(key, False)
+        if span is None:
+            return run()
+        if span is False:
+            return self._record(key, inputs, run)
+        assert isinstance(span, _Span)
+        prog = self.prog
+        first = len(prog.sizes)  # the span's first handle
+        shift = first - 1
+        events = [ev if ev > 0 else ev - shift for ev in span.events]
+        for pos, index in span.inputs:
+            events[pos] = -inputs[index]
+        prog.append_span(events, span.sizes, span.categories, span.shape)
+        return [(first + v if own else inputs[v]) if v >= 0 else 0 for own, v in span.result], span.payload
+
+    def _record(self, key: Hashable, inputs: Sequence[int], run: Run) -> tuple[list[int], Any]:
+        prog = self.prog
+        first = len(prog.sizes)
+        start = len(prog.events)
+        made = run()
+        result = made[0]
+        where = {h: i for i, h in enumerate(inputs) if h}
+        if len(where) != len([h for h in inputs if h]):
+            self.spans[key] = None  # an input given twice: the correspondence would be ambiguous
+            return made
+        events: list[int] = []
+        from_inputs: list[tuple[int, int]] = []
+        for pos, ev in enumerate(prog.events[start:]):
+            if ev > 0:
+                events.append(ev)
+            elif -ev >= first:
+                events.append(-(-ev - first + 1))
+            elif -ev in where:
+                events.append(0)  # filled in with the new call's input
+                from_inputs.append((pos, where[-ev]))
+            else:
+                self.spans[key] = None
+                return made
+        coded: list[tuple[bool, int]] = []
+        for h in result:
+            if h == 0:
+                coded.append((True, -1))
+            elif h >= first:
+                coded.append((True, h - first))
+            elif h in where:
+                coded.append((False, where[h]))
+            else:
+                self.spans[key] = None
+                return made
+        made_events = prog.events[start:]
+        sizes = prog.sizes
+        shape = span_shape(made_events, [0 if ev > 0 else sizes[-ev] for ev in made_events])
+        self.spans[key] = _Span(events, from_inputs, prog.sizes[first:], prog.categories[first:], coded, made[1], shape)
+        return made
+
+
+def layer_forward(memo: SpanMemo, ctx: Ctx, layer: int, keep: bool) -> list[Saved]:
+    """blocks_train.block_forward (its residual stream modelled by the caller), through the memo."""
+    if not memo.enabled or ctx is not memo.ctx:
+        return block_forward(memo.prog, ctx, layer, keep)
+
+    def run() -> tuple[list[int], Any]:
+        saved = block_forward(memo.prog, ctx, layer, keep)
+        return [s.handle for s in saved], saved
+
+    handles, saved = memo.call(("forward", keep, layer_kind(ctx.spec, layer)), (), run)
+    return [Saved(h, s.grad_bytes, s.param_grads, s.transient) for s, h in zip(saved, handles, strict=True)]
+
+
+def layer_backward(memo: SpanMemo, saved: list[Saved], grads: list[int], accumulate: bool) -> None:
+    """autograd.block_backward through the memo: the key is the saved nodes' shapes and sizes."""
+    if not memo.enabled:
+        block_backward(memo.prog, saved, grads, accumulate)
+        return
+    sizes = memo.prog.sizes
+    key = (
+        "backward",
+        accumulate,
+        tuple((sizes[s.handle] if s.handle else 0, s.grad_bytes, s.param_grads, s.transient) for s in saved),
+    )
+
+    def run() -> tuple[list[int], Any]:
+        made: list[int] = []
+        block_backward(memo.prog, saved, made, accumulate)
+        return made, None
+
+    handles, _ = memo.call(key, [s.handle for s in saved], run)
+    grads.extend(handles)
+
+
+def layer_nograd(memo: SpanMemo, ctx: Ctx, x: int, layer: int, **options: Any) -> tuple[int, list[int]]:
+    """blocks_infer.block_nograd through the memo (not under autocast's cached weight casts, `casts`)."""
+    if not memo.enabled or ctx is not memo.ctx or options.get("casts") is not None:
+        return block_nograd(memo.prog, ctx, x, layer, **options)
+
+    def run() -> tuple[list[int], Any]:
+        new_x, kv = block_nograd(memo.prog, ctx, x, layer, **options)
+        return [new_x, *kv], None
+
+    key = ("nograd", layer_kind(ctx.spec, layer), memo.prog.sizes[x] if x else 0, tuple(sorted(options.items())))
+    handles, _ = memo.call(key, [x], run)
+    return handles[0], handles[1:]
