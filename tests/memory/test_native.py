@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -157,3 +158,46 @@ def test_concurrent_first_uses_build_one_working_library(cache: Path) -> None:
     assert [p.name for p in cache.glob("native/*")] == [results[0].name]  # no temporary left behind
     fn = native.replay_function()
     assert fn is not None and allocator.replay([1000, -1]).peak_reserved_bytes == 2 * MIB
+
+
+def _jobs() -> list[Any]:
+    from gpuready.workload import make_workload
+
+    return [
+        make_workload(model="qwen2.5-0.5b", method="lora", grad_ckpt=True, seq=512, batch=1),
+        make_workload(model="llama-3.2-1b", method="full", precision="mixed", seq=256, batch=1),
+        make_workload(model="gpt2", task="infer", new_tokens=8, seq=128, batch=1),
+        make_workload(model="qwen3-0.6b", method="full", grad_accum=2, seq=256, batch=1),
+    ]
+
+
+def test_compiled_template_instantiation_is_the_python_loop_field_for_field(cache: Path) -> None:
+    _compiled(cache)
+    from gpuready.memory.estimate import _build
+    from gpuready.memory.template import build_template
+    from gpuready.models import resolve_model
+
+    for w in _jobs():
+        spec = resolve_model(w.model)
+        template = build_template(lambda v, spec=spec: _build(spec, v), w)
+        assert template is not None, w
+        for batch in (1, 2, 7, 64):
+            fast, slow = template.instantiate(batch), template._instantiate_python(batch)
+            assert fast == slow
+            # the dicts list the phases in the same order (the first-listed wins a tie in estimate's max)
+            assert list(fast.phase_peaks.items()) == list(slow.phase_peaks.items())
+            assert list(fast.phase_peak_events.items()) == list(slow.phase_peak_events.items())
+            assert fast.phase == slow.phase
+            assert (fast.largest_request, fast.allocated) == (slow.largest_request, slow.allocated)
+
+
+def test_compiled_breakdown_is_the_python_loop_in_the_same_order(cache: Path) -> None:
+    _compiled(cache)
+    from gpuready.memory.estimate import _build
+    from gpuready.models import resolve_model
+
+    for w in _jobs():
+        prog = _build(resolve_model(w.model), w)
+        for phase in prog.phase_peaks:
+            end = prog.phase_peak_events[phase]
+            assert list(prog.breakdown(phase).items()) == list(prog._breakdown_python(end).items())

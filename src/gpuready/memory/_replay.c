@@ -258,3 +258,71 @@ done:
     free(heads);
     return rc;
 }
+
+/* memory/template.py's Template.instantiate: the program at `batch` from a template's ops (+handle allocates that
+ * handle, -handle frees it), each handle's size a[h] * batch + c[h] rounded up to 512 B (h >= 1). Phases switch
+ * before op mark_at[k] to mark_phase[k] (marks in order; of several at one op the last holds). Writes the events,
+ * the sizes (sizes[0] = 0), per phase its peak of the allocated total (-1: none), the op count at that peak, and the
+ * op index where the phase first had a peak (the order Python's dict would list them in); figures: the allocated
+ * total at the end, the peak, the largest allocation outside the loading phase. */
+int gr_instantiate(const int64_t *ops, int64_t nops, const int64_t *a, const int64_t *c, int64_t nh, int64_t batch,
+                   const int64_t *mark_at, const int64_t *mark_phase, int64_t nmarks, int64_t load_phase,
+                   int64_t *events, int64_t *sizes, int64_t *phase_peak, int64_t *phase_peak_event,
+                   int64_t *phase_first, int64_t *figures) {
+    int64_t h, k, i;
+    int64_t allocated = 0, peak = 0, largest = 0;
+    sizes[0] = 0;
+    for (h = 1; h < nh; h++) {
+        int64_t n = a[h] * batch + c[h];
+        sizes[h] = (n + MIN_BLOCK - 1) / MIN_BLOCK * MIN_BLOCK;
+    }
+    for (k = 0; k < nmarks; k++) {
+        int64_t start = mark_at[k], end = (k + 1 < nmarks) ? mark_at[k + 1] : nops;
+        int64_t ph = mark_phase[k];
+        int loading = ph == load_phase;
+        int64_t pp = phase_peak[ph];
+        if (end <= start) continue;
+        for (i = start; i < end; i++) {
+            int64_t op = ops[i];
+            if (op > 0) {
+                if (op >= nh) return ERR_ID;
+                int64_t size = sizes[op];
+                events[i] = size;
+                allocated += size;
+                if (size > largest && !loading) largest = size;
+                if (allocated > pp) {
+                    if (phase_peak[ph] < 0) phase_first[ph] = i;
+                    pp = phase_peak[ph] = allocated;
+                    phase_peak_event[ph] = i + 1;
+                    if (allocated > peak) peak = allocated;
+                }
+            } else {
+                if (-op >= nh) return ERR_ID;
+                events[i] = op;
+                allocated -= sizes[-op];
+            }
+        }
+    }
+    figures[0] = allocated;
+    figures[1] = peak;
+    figures[2] = largest;
+    return OK;
+}
+
+/* memory/program.py's Program.breakdown: the bytes live after the first `end` events, by each handle's code
+ * (codes[h], a category's number); out[] must be zeroed and as long as the largest code + 1. */
+int gr_live(const int64_t *ev, int64_t end, const int64_t *codes, const int64_t *sizes, int64_t nh, int64_t *out) {
+    int64_t i, h = 0;
+    for (i = 0; i < end; i++) {
+        int64_t e = ev[i];
+        if (e > 0) {
+            h++;
+            if (h >= nh) return ERR_ID;
+            out[codes[h]] += sizes[h];
+        } else if (e < 0) {
+            if (-e >= nh) return ERR_ID;
+            out[codes[-e]] -= sizes[-e];
+        }
+    }
+    return OK;
+}

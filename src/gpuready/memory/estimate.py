@@ -8,6 +8,7 @@ gives peak allocated, its phase and breakdown; a replay through the caching-allo
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from gpuready.errors import InputError
@@ -58,7 +59,7 @@ def _run(spec: ModelSpec, w: Workload, meta_init: bool = False) -> _Run:
         # Nothing is released on an unlimited device, so the sum of the final reserves is the peak.
         replayed = sum(replay(events).peak_reserved_bytes for events in prog.split_streams())
     else:
-        replayed = replay(prog.events).peak_reserved_bytes
+        replayed = replay(prog.replay_events()).peak_reserved_bytes
     reserved = max(replayed, prog.peak_allocated + prog.cached_outside_bytes, prog.peak_allocated)
     phase = max(prog.phase_peaks, key=lambda p: prog.phase_peaks[p])
     return _Run(
@@ -128,9 +129,10 @@ def _fit(spec: ModelSpec, w: Workload, gpu_memory_bytes: int, meta_init: bool = 
     """The job on a card of `gpu_memory_bytes`, by the one fit rule (memory/fit.py)."""
     run = _core(spec, w, meta_init)
 
-    def events() -> tuple[list[int], list[int] | None]:
+    def events() -> tuple[Sequence[int], list[int] | None]:
         prog = _program(spec, w, meta_init)
-        return prog.events, prog.handle_streams()
+        streams = prog.handle_streams()
+        return (prog.events if streams else prog.replay_events()), streams
 
     return judge(
         gpu_memory_bytes,

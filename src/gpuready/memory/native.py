@@ -27,6 +27,51 @@ NativeReplay = Callable[[Sequence[int], int], tuple[int, list[int]]]
 
 _lock = threading.Lock()
 _loaded: list[NativeReplay | None] = []  # [] until tried, then [function or None]
+_lib: list[ctypes.CDLL] = []  # the loaded library, once loaded
+
+
+class Instantiated:
+    """gr_instantiate's outputs (see _replay.c) as Python values."""
+
+    __slots__ = ("allocated", "events", "largest", "peak", "phase_first", "phase_peak", "phase_peak_event", "sizes")
+
+    def __init__(self, nops: int, nh: int, nphases: int) -> None:
+        self.events = array("q", bytes(8 * nops))
+        self.sizes = array("q", bytes(8 * nh))
+        self.phase_peak = array("q", [-1] * nphases)
+        self.phase_peak_event = array("q", bytes(8 * nphases))
+        self.phase_first = array("q", bytes(8 * nphases))
+        self.allocated = self.peak = self.largest = 0
+
+
+def instantiate(
+    ops: array[int],
+    a: array[int],
+    c: array[int],
+    batch: int,
+    mark_at: array[int],
+    mark_phase: array[int],
+    nphases: int,
+    load_phase: int,
+) -> Instantiated | None:
+    """Template.instantiate's loop compiled (None where the library is not there: the caller loops in Python)."""
+    if replay_function() is None or not _lib:
+        return None
+    out = Instantiated(len(ops), len(a), nphases)
+    figures = array("q", bytes(24))
+
+    def addr(buf: array[int]) -> int:
+        return buf.buffer_info()[0] if len(buf) else 0
+
+    rc = _lib[0].gr_instantiate(
+        addr(ops), len(ops), addr(a), addr(c), len(a), batch, addr(mark_at), addr(mark_phase), len(mark_at),
+        load_phase, addr(out.events), addr(out.sizes), addr(out.phase_peak), addr(out.phase_peak_event),
+        addr(out.phase_first), addr(figures),
+    )  # fmt: skip
+    if rc:
+        raise ValueError(f"template ops name a handle the template does not have ({ERRORS.get(rc, rc)})")
+    out.allocated, out.peak, out.largest = figures.tolist()
+    return out
 
 
 def cache_dir() -> Path:
@@ -92,6 +137,14 @@ def _load(path: Path) -> NativeReplay:
     fn = lib.gr_replay
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    inst = lib.gr_instantiate
+    inst.restype = ctypes.c_int
+    p, n = ctypes.c_void_p, ctypes.c_int64
+    inst.argtypes = [p, n, p, p, n, n, p, p, n, n, p, p, p, p, p, p]
+    live = lib.gr_live
+    live.restype = ctypes.c_int
+    live.argtypes = [p, n, p, p, n, p]
+    _lib[:] = [lib]
 
     def run(events: Sequence[int], capacity_bytes: int) -> tuple[int, list[int]]:
         evs = events if isinstance(events, array) and events.typecode == "q" else array("q", events)
@@ -119,6 +172,22 @@ def _build_and_load() -> NativeReplay | None:
     return None
 
 
+def live_by_code(events: array[int], end: int, codes: array[int], sizes: array[int], ncodes: int) -> list[int] | None:
+    """Program.breakdown's pass compiled: bytes live after events[:end] by each handle's code (None where the
+    library is not there)."""
+    if replay_function() is None or not _lib:
+        return None
+    out = array("q", bytes(8 * ncodes))
+
+    def addr(buf: array[int]) -> int:
+        return buf.buffer_info()[0] if len(buf) else 0
+
+    rc = _lib[0].gr_live(addr(events), min(end, len(events)), addr(codes), addr(sizes), len(sizes), addr(out))
+    if rc:
+        raise ValueError("events name a handle the program does not have")
+    return out.tolist()
+
+
 def replay_function() -> NativeReplay | None:
     """The compiled replay, or None where it is off or cannot be had (then the Python loop runs)."""
     if _loaded:
@@ -136,3 +205,4 @@ def reset() -> None:
     """Forget what was loaded (tests switch GPUREADY_NATIVE)."""
     with _lock:
         _loaded.clear()
+        _lib.clear()

@@ -9,7 +9,10 @@ building a program costs one append per event.
 from __future__ import annotations
 
 import threading
+from array import array
 from dataclasses import dataclass, field
+
+from gpuready.memory import native
 
 # PyTorch rounds every allocation up to a multiple of 512 bytes (kMinBlockSize, c10/cuda/CUDACachingAllocator.cpp)
 ROUND = 512
@@ -73,6 +76,9 @@ class Program:
     # the current phase's peak so far and whether it is "load" (kept by set_phase: alloc runs once per event)
     _phase_peak: int = field(default=-1, init=False, repr=False, compare=False)
     _loading: bool = field(default=True, init=False, repr=False, compare=False)
+    # int64 copies for the compiled loops (memory/native.py), made on first use: events, sizes, category codes
+    _arrays: dict[str, array[int]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _names: list[str] = field(default_factory=list, init=False, repr=False, compare=False)  # for the codes
 
     def __post_init__(self) -> None:
         self.set_phase(self.phase)
@@ -163,9 +169,41 @@ class Program:
     def size_of(self, handle: int) -> int:
         return self.sizes[handle]
 
+    def replay_events(self) -> list[int] | array[int]:
+        """The events in the form the allocator replay takes fastest: int64 for the compiled one, else the list."""
+        return self.event_array() if native.replay_function() is not None else self.events
+
+    def event_array(self) -> array[int]:
+        """The events as int64 (for the compiled replay and breakdown; made once, after the program is built)."""
+        made = self._arrays.get("events")
+        if made is None or len(made) != len(self.events):
+            made = self._arrays["events"] = array("q", self.events)
+        return made
+
+    def category_codes(self) -> tuple[list[str], array[int]]:
+        """The categories by number, and each handle's category as that number (made once; a template hands its
+        own to the programs it writes out)."""
+        codes = self._arrays.get("codes")
+        if codes is None or len(codes) != len(self.categories) or not self._names:
+            self._names = list(dict.fromkeys(self.categories))
+            number = {name: i for i, name in enumerate(self._names)}
+            codes = self._arrays["codes"] = array("q", [number[c] for c in self.categories])
+        return self._names, codes
+
     def breakdown(self, phase: str) -> dict[str, int]:
         """Live bytes per component at the peak of `phase`."""
         end = self.phase_peak_events.get(phase, 0)
+        if len(self.sizes) > 1000:  # (below that the Python loop is as quick)
+            names, codes = self.category_codes()
+            sizes = self._arrays.get("sizes")
+            if sizes is None or len(sizes) != len(self.sizes):
+                sizes = self._arrays["sizes"] = array("q", self.sizes)
+            live = native.live_by_code(self.event_array(), end, codes, sizes, len(names))
+            if live is not None:
+                return {name: n for name, n in zip(names, live, strict=True) if n}
+        return self._breakdown_python(end)
+
+    def _breakdown_python(self, end: int) -> dict[str, int]:
         by_cat: dict[str, int] = {}
         handle = 0
         sizes, cats = self.sizes, self.categories

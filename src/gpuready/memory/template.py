@@ -13,12 +13,15 @@ benchmarks/speed_check.py compares the two over a sweep of jobs and batches.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import pairwise
 from typing import Any
 
+from gpuready.memory import native
 from gpuready.memory import program as program_module
 from gpuready.memory.program import ROUND, Program
 
@@ -212,8 +215,48 @@ class Template:
     streams: dict[str, int]
     cached_outside_bytes: int
 
+    @cached_property
+    def _arrays(self) -> tuple[array[int], array[int], array[int], array[int], array[int], list[str]]:
+        """ops, a, c and the phase marks as int64 arrays for the compiled loop (memory/native.py), and the phases'
+        names by number."""
+        names = list(dict.fromkeys(name for _, name in self.phases))
+        number = {name: i for i, name in enumerate(names)}
+        marks = array("q", [at for at, _ in self.phases])
+        phases = array("q", [number[name] for _, name in self.phases])
+        return array("q", self.ops), array("q", self.a), array("q", self.c), marks, phases, names
+
+    @cached_property
+    def _codes(self) -> tuple[list[str], array[int]]:
+        """Program.category_codes of every program this template writes out (they share the categories)."""
+        return Program(categories=list(self.categories)).category_codes()
+
     def instantiate(self, batch: int) -> Program:
         """The program at `batch`: the one the builders make for it (module docstring)."""
+        ops, a, c, marks, phases, names = self._arrays
+        made = native.instantiate(
+            ops, a, c, batch, marks, phases, len(names), names.index("load") if "load" in names else -1
+        )
+        if made is None:
+            return self._instantiate_python(batch)
+        prog = Program(
+            sizes=made.sizes.tolist(),
+            categories=list(self.categories),
+            streams=dict(self.streams),
+            cached_outside_bytes=self.cached_outside_bytes,
+        )
+        prog.events = made.events.tolist()
+        prog._arrays["events"], prog._arrays["sizes"] = made.events, made.sizes
+        prog._names, prog._arrays["codes"] = self._codes
+        # the phases in the order their peaks were first set, as the Python loop's dicts list them
+        order = sorted((first, i) for i, first in enumerate(made.phase_first) if made.phase_peak[i] >= 0)
+        prog.phase_peaks = {names[i]: made.phase_peak[i] for _, i in order}
+        prog.phase_peak_events = {names[i]: made.phase_peak_event[i] for _, i in order}
+        prog.allocated, prog.peak_allocated, prog.largest_request = made.allocated, made.peak, made.largest
+        prog.set_phase(self.phases[-1][1])
+        return prog
+
+    def _instantiate_python(self, batch: int) -> Program:
+        """instantiate's loop in Python (where the compiled one cannot be had)."""
         sizes = [0] + [
             (a * batch + c + ROUND - 1) // ROUND * ROUND for a, c in zip(self.a[1:], self.c[1:], strict=True)
         ]
