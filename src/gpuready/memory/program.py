@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from array import array
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 from gpuready.memory import native
 
@@ -36,18 +37,17 @@ class SpanShape:
 
 def span_shape(events: list[int], freed: list[int]) -> SpanShape:
     """The shape of `events` (+size, -handle), `freed[k]` being the size of the handle freed by event k."""
-    total = largest = 0
-    high, high_at = 0, -1
-    for k, ev in enumerate(events):
-        if ev > 0:
-            total += ev
-            if ev > largest:
-                largest = ev
-            if high_at < 0 or total > high:  # (measured after allocations only, as alloc measures it)
-                high, high_at = total, k
-        else:
-            total -= freed[k]
-    return SpanShape(total, high, high_at, largest)
+    if not events:
+        return SpanShape(0, 0, -1, 0)
+    totals = list(accumulate(ev if ev > 0 else -n for ev, n in zip(events, freed, strict=True)))
+    lowest = min(totals) - 1
+    # the total just after each allocation (lower than any total where the event frees)
+    after_alloc = [t if ev > 0 else lowest for t, ev in zip(totals, events, strict=True)]
+    largest = max(events)
+    if largest <= 0:
+        return SpanShape(totals[-1], 0, -1, 0)
+    high = max(after_alloc)
+    return SpanShape(totals[-1], high, after_alloc.index(high), largest)
 
 
 # `on_new`: called with every Program made in this thread while memory/template.py records a program with the batch

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from gpuready.memory.lm.autograd import Saved, block_backward
@@ -37,7 +38,10 @@ class _Span:
     categories: list[str]
     result: list[tuple[bool, int]]  # (own handle?, offset from the first handle / index into the inputs); 0 stays 0
     payload: Any  # what else run() returned, handed back as it is
-    shape: SpanShape  # the running total's moves (the inputs' sizes are part of the key)
+    # the span cut where it switched phase: (the phase switched to, or None for the first piece; first and last event;
+    # first and last handle, counted from the span's first; the running total's moves over the piece: the inputs'
+    # sizes are part of the key)
+    pieces: list[tuple[str | None, int, int, int, int, SpanShape]]
 
 
 ENABLED = True  # False: every span runs (tests/memory/test_memo.py builds programs both ways)
@@ -59,6 +63,7 @@ class SpanMemo:
         made before the call that the span may free or return, in an order that corresponds from call to call."""
         if not self.enabled:
             return run()
+        key = (key, self.prog.phase)  # (a span's events do not depend on the phase, but its totals are the phase's)
         span = self.spans.get(key, False)
         if span is None:
             return run()
@@ -71,32 +76,47 @@ class SpanMemo:
         events = [ev if ev > 0 else ev - shift for ev in span.events]
         for pos, index in span.inputs:
             events[pos] = -inputs[index]
-        prog.append_span(events, span.sizes, span.categories, span.shape)
+        if len(span.pieces) == 1:
+            prog.append_span(events, span.sizes, span.categories, span.pieces[0][5])
+        else:
+            for phase, lo, hi, h_lo, h_hi, shape in span.pieces:
+                if phase is not None:
+                    prog.set_phase(phase)
+                prog.append_span(events[lo:hi], span.sizes[h_lo:h_hi], span.categories[h_lo:h_hi], shape)
         return [(first + v if own else inputs[v]) if v >= 0 else 0 for own, v in span.result], span.payload
 
     def _record(self, key: Hashable, inputs: Sequence[int], run: Run) -> tuple[list[int], Any]:
         prog = self.prog
         first = len(prog.sizes)
         start = len(prog.events)
-        made = run()
+        switches: list[tuple[str, int, int]] = []  # (phase, events and handles made before the switch)
+        set_phase = prog.set_phase
+
+        def switch(name: str) -> None:
+            switches.append((name, len(prog.events) - start, len(prog.sizes) - first))
+            set_phase(name)
+
+        prog.set_phase = switch  # type: ignore[method-assign]
+        try:
+            made = run()
+        finally:
+            del prog.set_phase
         result = made[0]
         where = {h: i for i, h in enumerate(inputs) if h}
         if len(where) != len([h for h in inputs if h]):
             self.spans[key] = None  # an input given twice: the correspondence would be ambiguous
             return made
-        events: list[int] = []
+        made_events = prog.events[start:]
+        shift = first - 1
+        # own frees renumbered from the span's first handle; an input's free is filled in when written out
+        events = [ev if ev > 0 else (ev + shift if -ev >= first else 0) for ev in made_events]
         from_inputs: list[tuple[int, int]] = []
-        for pos, ev in enumerate(prog.events[start:]):
-            if ev > 0:
-                events.append(ev)
-            elif -ev >= first:
-                events.append(-(-ev - first + 1))
-            elif -ev in where:
-                events.append(0)  # filled in with the new call's input
-                from_inputs.append((pos, where[-ev]))
-            else:
-                self.spans[key] = None
+        for pos in [k for k, ev in enumerate(made_events) if -first < ev < 0]:
+            index = where.get(-made_events[pos])
+            if index is None:
+                self.spans[key] = None  # frees a handle it was not given
                 return made
+            from_inputs.append((pos, index))
         coded: list[tuple[bool, int]] = []
         for h in result:
             if h == 0:
@@ -108,10 +128,16 @@ class SpanMemo:
             else:
                 self.spans[key] = None
                 return made
-        made_events = prog.events[start:]
         sizes = prog.sizes
-        shape = span_shape(made_events, [0 if ev > 0 else sizes[-ev] for ev in made_events])
-        self.spans[key] = _Span(events, from_inputs, prog.sizes[first:], prog.categories[first:], coded, made[1], shape)
+        freed = [0 if ev > 0 else sizes[-ev] for ev in made_events]
+        bounds = [(None, 0, 0), *switches, (None, len(made_events), len(sizes) - first)]
+        pieces = [
+            (phase, lo, hi, h_lo, h_hi, span_shape(made_events[lo:hi], freed[lo:hi]))
+            for (phase, lo, h_lo), (_, hi, h_hi) in pairwise(bounds)
+        ]
+        self.spans[key] = _Span(
+            events, from_inputs, prog.sizes[first:], prog.categories[first:], coded, made[1], pieces
+        )
         return made
 
 

@@ -67,7 +67,9 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
     forward_workspace = True
     backward_workspace = True
     state: list[int] | None = None
-    for step in range(STEPS):
+
+    def one_step(step: int) -> tuple[list[int], None]:
+        nonlocal forward_workspace, backward_workspace, state
         grads: list[int] = []
         if step == 1 and ddp:
             ddp.rebuild([t.nbytes for t in reversed(trainable)], release_first=w.grad_ckpt)
@@ -316,6 +318,14 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
         state = optimizer_step(prog, w.optim, trainable, state)
         prog.set_phase("forward")
         prog.free_all(grads)
+        return [], None
+
+    for step in range(STEPS):
+        if step >= 1 and not fsdp and not ddp:
+            # every step after the first makes the same events (the optimizer's states exist, the workspaces too)
+            memo.call("step", (), lambda step=step: one_step(step))  # type: ignore[misc]
+        else:
+            one_step(step)
     return prog
 
 
