@@ -127,3 +127,25 @@ def test_a_written_out_span_renumbers_its_handles_and_its_inputs() -> None:
     assert prog.events == [512, 1024, 3072, -2, -1, 512, 1024, 3072, -5, -4]
     assert prog.allocated == 2 * 3072
     assert prog.peak_allocated == 3072 + 512 + 1024 + 3072  # the first span leaves b; x2 and the second span
+
+
+@pytest.mark.parametrize("model", ["llama-3.2-1b", "gemma-2-2b", "qwen1.5-moe-a2.7b", "pythia-410m"])
+def test_memoised_batch_templates_are_the_templates_recorded_layer_by_layer(
+    model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpuready.memory.template import build_template
+
+    spec = resolve_model(model)
+    made = 0
+    for shape in SHAPES:
+        try:
+            w = make_workload(model=model, batch=1, seq=256, **shape)
+        except InputError:
+            continue
+        monkeypatch.setattr(memo, "ENABLED", True)
+        fast = build_template(lambda v: _build(spec, v), w)
+        monkeypatch.setattr(memo, "ENABLED", False)
+        plain = build_template(lambda v: _build(spec, v), w)
+        assert fast == plain, (model, shape)
+        made += fast is not None
+    assert made >= 5

@@ -26,6 +26,7 @@ from gpuready.memory.lm.blocks_infer import block_nograd
 from gpuready.memory.lm.blocks_train import block_forward
 from gpuready.memory.lm.context import Ctx, layer_kind
 from gpuready.memory.program import Program, SpanShape, span_shape
+from gpuready.memory.template import Batch, _Recorder
 
 Run = Callable[[], tuple[list[int], Any]]
 
@@ -53,9 +54,20 @@ class SpanMemo:
     def __init__(self, prog: Program, ctx: Ctx) -> None:
         self.prog = prog
         self.ctx = ctx  # the job's context: spans of another (a decode step's) run every time
-        # a program being recorded as a template has its alloc/free replaced on the instance: run every span there
-        self.enabled = ENABLED and "alloc" not in vars(prog)
-        self.spans: dict[Hashable, _Span | None] = {}
+        # a program being recorded as a template (memory/template.py) has its alloc/free replaced on the instance by
+        # a recorder's: its spans are the recorder's ops, the sizes affine in the batch (_RecSpan)
+        bound = vars(prog).get("alloc")
+        self.rec: _Recorder | None = getattr(bound, "__self__", None) if bound is not None else None
+        self.enabled = ENABLED and (bound is None or isinstance(self.rec, _Recorder))
+        self.spans: dict[Hashable, _Span | _RecSpan | None] = {}
+
+    def size_key(self, handle: int) -> Hashable:
+        """A handle's size as a memo key part (the affine form while the batch is a symbol)."""
+        if not handle:
+            return 0
+        if self.rec is not None:
+            return (self.rec.a[handle], self.rec.c[handle])
+        return self.prog.sizes[handle]
 
     def call(self, key: Hashable, inputs: Sequence[int], run: Run) -> tuple[list[int], Any]:
         """run()'s result (a list of handles, and a payload that names no handle), its events appended to the
@@ -68,7 +80,9 @@ class SpanMemo:
         if span is None:
             return run()
         if span is False:
-            return self._record(key, inputs, run)
+            return self._record(key, inputs, run) if self.rec is None else self._record_ops(key, inputs, run)
+        if isinstance(span, _RecSpan):
+            return self._write_ops(span, inputs)
         assert isinstance(span, _Span)
         prog = self.prog
         first = len(prog.sizes)  # the span's first handle
@@ -140,6 +154,73 @@ class SpanMemo:
         )
         return made
 
+    def _record_ops(self, key: Hashable, inputs: Sequence[int], run: Run) -> tuple[list[int], Any]:
+        """_record for a template's recording: the recorder's ops (+handle allocates, -handle frees), the
+        handles' affine sizes and categories, the phase marks."""
+        rec = self.rec
+        assert rec is not None
+        first, start, marks = len(rec.a), len(rec.ops), len(rec.phases)
+        made = run()
+        where = {h: i for i, h in enumerate(inputs) if h}
+        ops = rec.ops[start:]
+        if len(where) != len([h for h in inputs if h]) or any(-first < op < 0 and -op not in where for op in ops):
+            self.spans[key] = None
+            return made
+        shift = first - 1
+        coded = [op - shift if op > 0 else (op + shift if -op >= first else 0) for op in ops]
+        from_inputs = [(k, where[-op]) for k, op in enumerate(ops) if -first < op < 0]
+        result: list[tuple[bool, int]] = []
+        for h in made[0]:
+            if h and h < first and h not in where:
+                self.spans[key] = None
+                return made
+            result.append((True, -1) if not h else (True, h - first) if h >= first else (False, where[h]))
+        phases = [(at - start, name) for at, name in rec.phases[marks:]]
+        self.spans[key] = _RecSpan(
+            coded, from_inputs, rec.a[first:], rec.c[first:], self.prog.categories[first:], phases, result, made[1]
+        )
+        return made
+
+    def _write_ops(self, span: _RecSpan, inputs: Sequence[int]) -> tuple[list[int], Any]:
+        rec = self.rec
+        assert rec is not None
+        first, start = len(rec.a), len(rec.ops)
+        shift = first - 1
+        ops = [op + shift if op > 0 else op - shift for op in span.ops]
+        for pos, index in span.inputs:
+            ops[pos] = -inputs[index]
+        rec.ops.extend(ops)
+        rec.a.extend(span.a)
+        rec.c.extend(span.c)
+        self.prog.categories.extend(span.categories)
+        for at, name in span.phases:
+            rec.phases.append((start + at, name))
+            self.prog.phase = name
+        return [(first + v if own else inputs[v]) if v >= 0 else 0 for own, v in span.result], span.payload
+
+
+@dataclass(frozen=True)
+class _RecSpan:
+    """A span of a template's recording (SpanMemo._record_ops)."""
+
+    ops: list[int]  # +k / -k: the span's k-th own handle (from 1); 0: an input's free, filled in when written out
+    inputs: list[tuple[int, int]]
+    a: list[int]
+    c: list[int]
+    categories: list[str]
+    phases: list[tuple[int, str]]  # (ops of the span before the switch, phase)
+    result: list[tuple[bool, int]]
+    payload: Any
+
+
+def _value_key(x: Any) -> Hashable:
+    """A size given to a layer function as a memo key part (a Batch by its coefficients)."""
+    if isinstance(x, Batch):
+        return ("batch", x.a, x.c)
+    if isinstance(x, tuple):
+        return tuple(_value_key(v) for v in x)
+    return x  # type: ignore[no-any-return]
+
 
 def layer_forward(memo: SpanMemo, ctx: Ctx, layer: int, keep: bool) -> list[Saved]:
     """blocks_train.block_forward (its residual stream modelled by the caller), through the memo."""
@@ -159,11 +240,11 @@ def layer_backward(memo: SpanMemo, saved: list[Saved], grads: list[int], accumul
     if not memo.enabled:
         block_backward(memo.prog, saved, grads, accumulate)
         return
-    sizes = memo.prog.sizes
+    size, value = memo.size_key, _value_key
     key = (
         "backward",
         accumulate,
-        tuple((sizes[s.handle] if s.handle else 0, s.grad_bytes, s.param_grads, s.transient) for s in saved),
+        tuple((size(s.handle), value(s.grad_bytes), value(s.param_grads), value(s.transient)) for s in saved),
     )
 
     def run() -> tuple[list[int], Any]:
@@ -184,6 +265,6 @@ def layer_nograd(memo: SpanMemo, ctx: Ctx, x: int, layer: int, **options: Any) -
         new_x, kv = block_nograd(memo.prog, ctx, x, layer, **options)
         return [new_x, *kv], None
 
-    key = ("nograd", layer_kind(ctx.spec, layer), memo.prog.sizes[x] if x else 0, tuple(sorted(options.items())))
+    key = ("nograd", layer_kind(ctx.spec, layer), memo.size_key(x), tuple(sorted(options.items())))
     handles, _ = memo.call(key, [x], run)
     return handles[0], handles[1:]
