@@ -8,6 +8,7 @@ torch.cuda.set_per_process_memory_fraction). Each point is a fresh process:
 
     python benchmarks/max_batch.py predict JOBS > PREDICTED.tsv           # with the committed code, before the GPU
     python benchmarks/max_batch.py predict JOBS --lm-margin 0 > P.tsv     # the same with the language-model margin
+    python benchmarks/max_batch.py predict JOBS --release-margin 0 > P.tsv  # ... with the release margin at 0
     python3 benchmarks/max_batch.py measure JOBS PREDICTED.tsv OUT [--deadline 460]   # on the GPU machine
     python benchmarks/max_batch.py table docs/max_batch/cases.tsv          # every measured case against today's code
 
@@ -47,13 +48,14 @@ def read_jobs(path: Path) -> list[dict[str, Any]]:
     return jobs
 
 
-def predict(jobs: list[dict[str, Any]], lm_margin: float | None = None) -> None:
+def predict(jobs: list[dict[str, Any]], lm_margin: float | None = None, release_margin: float | None = None) -> None:
     """`gpuready estimate ... --batch 1 --gpu-memory CARD --json`'s max_batch for each case, as a user gets it.
     lm_margin: the share of the largest allocation kept free for language models (memory/fit.py "lm" and
-    "generate") set to this instead, in this process (to compare the committed rule with another)."""
+    "generate") set to this instead, in this process (to compare the committed rule with another); release_margin:
+    the same for the language models' release margin (RELEASE_MARGIN_SHARE_OF_LARGEST["lm"])."""
     print("name\tcard\tpredicted_max_batch\tseconds\tjob")
-    if lm_margin is not None:
-        predict_in_process(jobs, lm_margin)
+    if lm_margin is not None or release_margin is not None:
+        predict_in_process(jobs, lm_margin, release_margin)
         return
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     for job in jobs:
@@ -68,14 +70,17 @@ def predict(jobs: list[dict[str, Any]], lm_margin: float | None = None) -> None:
         print(f"{job['name']}\t{job['card']}\t{pred}\t{took:.2f}\t{' '.join(job['args'])}", flush=True)
 
 
-def predict_in_process(jobs: list[dict[str, Any]], lm_margin: float) -> None:
+def predict_in_process(jobs: list[dict[str, Any]], lm_margin: float | None, release_margin: float | None) -> None:
     from gpuready.memory import fit
     from gpuready.memory.estimate import estimate
     from gpuready.units import parse_size
     from gpuready.workload import workload_from_args
 
-    for kind in ("lm", "generate"):
-        fit.MARGIN_SHARE_OF_LARGEST[kind] = lm_margin
+    if lm_margin is not None:
+        for kind in ("lm", "generate"):
+            fit.MARGIN_SHARE_OF_LARGEST[kind] = lm_margin
+    if release_margin is not None:
+        fit.RELEASE_MARGIN_SHARE_OF_LARGEST["lm"] = release_margin
     for job in jobs:
         start = time.perf_counter()
         w = workload_from_args(" ".join(shlex.quote(a) for a in job["args"]) + " --batch 1")
@@ -265,13 +270,16 @@ def main() -> int:
     ap.add_argument(
         "--lm-margin", type=float, help="predict: the share of the largest allocation always kept for language models"
     )
+    ap.add_argument(
+        "--release-margin", type=float, help="predict: the language models' release margin (share of the largest)"
+    )
     opts = ap.parse_args()
     if opts.mode == "table":
         table(read_cases(opts.jobs))
         return 0
     jobs = read_jobs(opts.jobs)
     if opts.mode == "predict":
-        predict(jobs, opts.lm_margin)
+        predict(jobs, opts.lm_margin, opts.release_margin)
         return 0
     if opts.predicted is None or opts.out is None:
         ap.error("measure needs PREDICTED.tsv and OUT")
