@@ -50,3 +50,26 @@ def test_checking_below_moves_the_answer_under_a_hole() -> None:
     assert found.value == 9
     assert all(found.tried[v] for v in range(1, 10))
     assert largest_passing(lambda v: v <= 11 and v != 10, 1, 1 << 10, start=12).value == 11
+
+
+def test_first_passing_finds_the_threshold_of_a_monotone_test_with_few_tests() -> None:
+    from gpuready.search import first_passing
+
+    for n in (1, 2, 7, 30, 31, 64):
+        for threshold in range(n + 1):  # threshold == n: none passes
+            calls: list[int] = []
+
+            def test(v: int, t: int = threshold, calls: list[int] = calls) -> bool:
+                calls.append(v)
+                return v >= t
+
+            found = first_passing(test, 0, n - 1)
+            assert found.value == threshold
+            assert len(calls) <= max(1, (n).bit_length())
+            assert all(found.tried[v] == (v >= threshold) for v in found.tried)
+
+
+def test_first_passing_on_an_empty_range_passes_nothing() -> None:
+    from gpuready.search import first_passing
+
+    assert first_passing(lambda v: True, 5, 4).value == 5

@@ -1,7 +1,8 @@
 """The one search for the largest value that passes a pure test (no runs: the test is a computation).
 
 Used for the largest batch that fits (memory/estimate.py, memory/trace.py) and for the estimator's predicted
-maximum that starts the measured search (trial/search.py, which keeps its own measured steps).
+maximum that starts the measured search (trial/search.py, which keeps its own measured steps); `first_passing`, the
+plain bisection for a test known to be monotone, for the smallest card a job fits (plan/plan.py).
 
 The search gallops from `start` (doubling the step) until the test fails, then bisects between the largest value
 that passed and the smallest that failed. So whatever the shape of the test, the answer passed, every value tried
@@ -91,4 +92,20 @@ def _largest_passing(test: Callable[[int], bool], low: int, high: int, start: in
             lo = mid
         else:
             hi = mid
+    return Found(lo, tried)
+
+
+def first_passing(test: Callable[[int], bool], low: int, high: int) -> Found:
+    """Smallest v in [low, high] with test(v), for a test that fails up to some value and passes from there on
+    (fitting is monotone in a card's memory): plain bisection, about log2(high - low + 1) tests. `value` is
+    high + 1 when none passes."""
+    tried: dict[int, bool] = {}
+    lo, hi = low, high + 1  # the answer lies in [lo, hi]; hi = high + 1: none passes
+    while lo < hi:
+        mid = (lo + hi) // 2
+        tried[mid] = test(mid)
+        if tried[mid]:
+            hi = mid
+        else:
+            lo = mid + 1
     return Found(lo, tried)

@@ -118,7 +118,7 @@ def build(source_path: Path = SOURCE) -> Path | None:
             done = subprocess.run(
                 [cc, "-O2", "-shared", "-fPIC", "-o", tmp, str(source_path)],
                 capture_output=True,
-                timeout=120,
+                timeout=30,
                 check=False,
             )
             if done.returncode != 0:

@@ -21,6 +21,7 @@ from gpuready.errors import InputError
 from gpuready.memory.fit import RULE as FIT_RULE
 from gpuready.models import ModelSpec, resolve_model
 from gpuready.plan.steptime import StepTime, step_time
+from gpuready.search import first_passing
 from gpuready.workload import Workload
 
 if TYPE_CHECKING:
@@ -143,14 +144,9 @@ class _Fits:
 
     def fits(self, change: str, w: Workload, capacity: int) -> bool:
         if change not in self.smallest:
-            lo, hi = 0, len(self.capacities)
-            while lo < hi:  # first capacity that fits
-                mid = (lo + hi) // 2
-                if self._fits(change, w, self.capacities[mid]):
-                    hi = mid
-                else:
-                    lo = mid + 1
-            self.smallest[change] = self.capacities[lo] if lo < len(self.capacities) else None
+            caps = self.capacities
+            first = first_passing(lambda i: self._fits(change, w, caps[i]), 0, len(caps) - 1).value
+            self.smallest[change] = caps[first] if first < len(caps) else None
         small = self.smallest[change]
         return small is not None and capacity >= small
 
