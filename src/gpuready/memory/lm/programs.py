@@ -8,11 +8,18 @@ from gpuready.memory.ddp import DdpBuckets
 from gpuready.memory.lm.autocast_ckpt import mixed_ckpt_layer_backward, mixed_ckpt_recorded
 from gpuready.memory.lm.autograd import Saved, block_backward
 from gpuready.memory.lm.blocks_infer import block_nograd
-from gpuready.memory.lm.blocks_recorded import recorded_layer_order
+from gpuready.memory.lm.blocks_recorded import plain_block_forward, recorded_layer_order
 from gpuready.memory.lm.blocks_train import block_forward
 from gpuready.memory.lm.context import make_ctx
 from gpuready.memory.lm.fsdp import Fsdp
-from gpuready.memory.lm.loss import Sampler, final_norm_forward, logits_and_loss_backward, logits_and_loss_forward
+from gpuready.memory.lm.lora_recorded import LoraBackward, lora_recorded
+from gpuready.memory.lm.loss import (
+    Sampler,
+    final_norm_backward_frozen,
+    final_norm_forward,
+    logits_and_loss_backward,
+    logits_and_loss_forward,
+)
 from gpuready.memory.lm.neox import NeoxKept, neox_recorded, neox_train_backward, neox_train_forward
 from gpuready.memory.lm.ops import (
     CUBLAS_WORKSPACE_BYTES,
@@ -64,6 +71,14 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
     # recorded H200 history lora_qwen7b_s2048_b3_cap80: the 42 MiB embedding output, then the 32 MiB workspace)
     forward_workspace = True
     backward_workspace = True
+    # LoRA layers whose backward (and checkpointed recompute) follow the recorded order (lm/lora_recorded.py)
+    lora_rec = not fsdp and all(lora_recorded(ctx, layer) for layer in range(spec.layers))
+    # peft makes the embedding output require grad when the model checkpoints (PeftModel's
+    # _prepare_model_for_gradient_checkpointing: enable_input_require_grads), so the residual stream's gradient
+    # ends as that leaf's .grad; both live as long as the step's `loss` (its graph's AccumulateGrad node): after
+    # zero_grad, until the next step's embedding (qwen3_8b_lora_ckpt_s2048_b5_cap40). With one micro-batch only.
+    held_input = lora_rec and w.grad_ckpt and w.grad_accum == 1
+    held: list[int] = []
     state: list[int] | None = None
     for step in range(STEPS):
         grads: list[int] = []
@@ -97,6 +112,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
             embeds = x
             replaced = False
             per_layer: list[list[Saved]] = []
+            named: list[dict[str, int]] = []
             ckpt_inputs: list[int] = []
             neox_kept: list[NeoxKept] = []
             for layer in range(spec.layers):
@@ -120,6 +136,9 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                         cache_casts=ctx.full,
                     )
                     per_layer.append([])
+                elif lora_rec:
+                    named.append({})
+                    per_layer.append(plain_block_forward(prog, ctx, layer, keep=True, named=named[-1]))
                 else:
                     per_layer.append(block_forward(prog, ctx, layer, keep=True, residual_out=outs if fsdp else None))
                 if fsdp:
@@ -128,7 +147,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                         if x != embeds:
                             prog.free(x)
                         x, replaced = outs[0], True
-            head_cast = norm_out = 0
+            head_cast = norm_out = frozen_out = 0
             if ckpt_casts:
                 # the final norm on the fp32 residual (ft_llama1b_mixed_ckpt_s4096): pow (a temporary), x * rsqrt
                 # (kept for the weight's gradient), weight * y (the output); lm_head's weight copy, the output cast
@@ -141,14 +160,14 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
             elif neox:
                 final = [prog.alloc("activations", T * h * r)]  # final_layer_norm's output (it keeps its input, x)
             elif recorded_layer_order(ctx, spec.layers - 1) and spec.model_type != "gemma2":
-                final, x = final_norm_forward(prog, ctx, x)
+                final, x, frozen_out = final_norm_forward(prog, ctx, x)
             else:
                 final = [prog.alloc("activations", T * h * 4)]  # final norm keeps its fp32 input
                 if ctx.full:
                     final.append(prog.alloc("activations", T * h * e))  # lm_head keeps its input
             if replaced:
                 prog.free(embeds)  # the base model returns (fsdp_qwen3b_b2: after the final norm, before lm_head)
-            kept = logits_and_loss_forward(prog, ctx)
+            kept = logits_and_loss_forward(prog, ctx, frozen_out)
             if ckpt_casts:
                 # the region ends: the final norm's output and the layers' cached weight copies go
                 prog.free(norm_out)
@@ -205,6 +224,9 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                     backward_workspace = False
                 prog.free(g)
             prog.free(head_cast)  # checkpointing under autocast without full fine-tuning (no lm_head gradient)
+            if frozen_out:
+                dx = final_norm_backward_frozen(prog, ctx, dx, final)  # frees the fp32 input and rsqrt it kept
+                final = []
             if recorded_mixed:
                 # the final norm's backward (ft_llama1b_mixed_ckpt_s4096): its weight's gradient and reduction, then
                 # the input's gradient: the residual stream's gradient buffer, which the layers' backward add into
@@ -242,6 +264,15 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 if recorded_mixed:
                     mixed_ckpt_layer_backward(prog, ctx, ckpt_inputs[layer], grads, accumulate)
                     continue
+                if lora_rec:
+                    # the backward nodes that need no saved tensor run before the recompute (down_proj's head)
+                    bw = LoraBackward(prog, ctx, {} if w.grad_ckpt else named[layer], grads, accumulate)
+                    head = None
+                    if w.grad_ckpt:
+                        head = bw.head("down_proj", dx, False)
+                        plain_block_forward(prog, ctx, layer, keep=True, named=bw.kept, stop_early=True)
+                    bw.run(dx, head, ckpt_inputs[layer] if w.grad_ckpt and not (held_input and layer == 0) else 0)
+                    continue
                 saved = per_layer[layer]
                 copies = 0
                 if w.grad_ckpt:
@@ -272,6 +303,8 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                     prog.free(emb)
                 else:
                     grads.append(emb)
+            elif held_input:
+                held = [ckpt_inputs[0], dx]
             else:
                 prog.free(dx)
             if recorded_mixed:
@@ -293,7 +326,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                     prog.free(emb)
                 else:
                     grads.append(emb)
-            elif not accumulate and not fsdp:
+            elif not accumulate and not fsdp and not lora_rec:  # (lora_rec: made by each adapter's backward)
                 grads.extend(prog.alloc("gradients", t.nbytes) for t in trainable)
             if fsdp:
                 if ctx.full:
@@ -312,6 +345,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
         state = optimizer_step(prog, w.optim, trainable, state)
         prog.set_phase("forward")
         prog.free_all(grads)
+        prog.free_all(held)
     return prog
 
 
