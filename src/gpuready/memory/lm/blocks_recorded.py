@@ -45,6 +45,7 @@ def plain_block_forward(
     residual_out: list[int] | None = None,
     named: dict[str, int] | None = None,
     stop_early: bool = False,
+    input_grad: bool = True,
 ) -> list[Saved]:
     """A plain decoder layer's forward (16-bit full or LoRA, fp32 full) in the order the recorded H200 histories
     show it (docs/calibration/histories: lora_llama8b_b1 for LoRA, ft_qwen15_bf16 for 16-bit and ft_qwen05_fp32
@@ -60,7 +61,9 @@ def plain_block_forward(
     the recompute of a checkpointed LoRA layer, which stops once down_proj's lora_A output is made (non-reentrant
     checkpointing's early stop, torch/utils/checkpoint.py): then down_proj's base output, the MLP product, the norm's
     output and the mid-layer residual go as the frames unwind (the recorded history qwen3_8b_lora_ckpt_s2048_b5_cap40)
-    and the layer's output is never made."""
+    and the layer's output is never made. `input_grad` False: the layer's input needs no gradient (the first layer
+    under LoRA without checkpointing: the embedding output does not require grad), so its norm keeps nothing: the
+    fp32 copy goes once x * rsqrt is made (lora_qwen3b_s1024_b2_cap24)."""
     spec, dt, T = ctx.spec, ctx.dt, ctx.tokens
     h, a, kv, d = spec.hidden, spec.heads, spec.kv_heads, spec.head_dim
     e, r, rank = dt.act, dt.resid, ctx.w.lora_r
@@ -85,7 +88,11 @@ def plain_block_forward(
             save(T * h * 4)  # weight * y, kept by the projections
             return 0
         y32 = rms_norm_start(layer_, T, h, e)  # x.to(fp32) kept by pow, pow, x * rsqrt
-        names["post.x32" if "in.x32" in names else "in.x32"] = layer_.saved[-1].handle if keep else 0
+        first = "in.x32" not in names
+        names["in.x32" if first else "post.x32"] = layer_.saved[-1].handle if keep else 0
+        if first and keep and not input_grad:
+            prog.free(layer_.saved.pop().handle)
+            names["in.x32"] = 0
         if full:
             save(T * h * r)  # .to(dtype), kept by weight * y since the weight trains
             save(T * h * r)  # weight * y, kept by the projections

@@ -1,8 +1,9 @@
-"""A LoRA layer's backward (and, under checkpointing, its recompute's early stop) in the order a recorded H200
-allocator history shows it: docs/calibration/histories/qwen3_8b_lora_ckpt_s2048_b5_cap40.json.gz (qwen3-8b, peft
-LoRA r16 on every linear, non-reentrant checkpointing, 5 x 2048 tokens; torch 2.11, transformers 5.17, peft 0.21).
+"""A LoRA layer's backward (and, under checkpointing, its recompute's early stop) in the order recorded H200
+allocator histories show it: docs/calibration/histories/qwen3_8b_lora_ckpt_s2048_b5_cap40.json.gz (qwen3-8b, peft
+LoRA r16 on every linear, non-reentrant checkpointing, 5 x 2048 tokens) and lora_qwen3b_s1024_b2_cap24.json.gz
+(qwen2.5-3b, no checkpointing, 2 x 1024; torch 2.11, transformers 5.17, peft 0.21).
 
-What the record shows, and the code it follows:
+What the records show, and the code it follows:
 
 - peft's lora.Linear.forward (peft tuners/lora/layer.py) computes `result = base_layer(x)`, casts x to the
   adapter's fp32 (`_cast_input_dtype`), adds `lora_B(lora_A(x)) * scaling` in fp32 and casts the sum back. Its
@@ -13,19 +14,21 @@ What the record shows, and the code it follows:
 - Where two paths meet (the norm output read by q, k and v, or by gate and up; the residual stream), autograd's
   InputBuffer adds the later gradient into the first in place and frees it (torch/csrc/autograd/input_buffer.cpp):
   one gradient buffer per meeting point, and the residual stream's gradient is one tensor for the whole backward.
-- RMSNorm with a frozen weight (norm_backward_frozen below), RoPE's backward, and flash attention's backward with
-  its scratch (ops.flash_backward_workspace_bytes).
+- RMSNorm with a frozen weight (ops.norm_backward_frozen), RoPE's backward, flash attention's backward with its
+  scratch (ops.flash_backward_workspace_bytes), and the copy q's and k's gradients take at the projections' view.
 - Non-reentrant checkpointing (torch/utils/checkpoint.py, early stop on by default) recomputes a layer only until
   the last tensor its backward needs is made (down_proj's lora_A output), then unwinds: down_proj's base output, the
   MLP product, the norm's output and the mid-layer residual go. The backward nodes that need no saved tensor run
-  before the recompute starts: the layer output's gradient through down_proj's cast and sum (down_head).
+  before the recompute starts: the layer output's gradient through down_proj's cast and sum (LoraBackward.head).
+- Without checkpointing the embedding output needs no gradient, so neither does the first layer's input: its q, k
+  and v make their adapters' weight gradients only, and its input norm keeps nothing and has no backward.
 """
 
 from __future__ import annotations
 
 from gpuready.memory.lm.blocks_recorded import recorded_layer_order
 from gpuready.memory.lm.context import GEMMA_NORMS, Ctx, layer_lora
-from gpuready.memory.lm.ops import flash_backward_workspace_bytes, head_norm_backward, norm_backward_frozen
+from gpuready.memory.lm.ops import flash_backward_workspace_bytes, norm_backward_frozen
 from gpuready.memory.program import Program
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -74,22 +77,23 @@ class LoraBackward:
         else:
             self.grads.append(handle)
 
-    def head(self, name: str, g: int, free_g: bool) -> tuple[int, int]:
-        """peft's cast back and sum for `name`'s output gradient `g`: returns the base output's gradient and the
-        scaled branch's."""
+    def head(self, name: str, g: int, free_g: bool, input_grad: bool = True) -> tuple[int, int]:
+        """peft's cast back and sum for `name`'s output gradient `g`: returns the base output's gradient (0 when
+        the linear's input needs none: then neither does the frozen base's output) and the scaled branch's."""
         prog, T = self.prog, self.T
         out = self.widths[name][1]
         g32 = prog.alloc("activations", T * out * 4)
         if free_g:
             prog.free(g)
-        base = prog.alloc("activations", T * out * self.e)
+        base = prog.alloc("activations", T * out * self.e) if input_grad else 0
         scaled = prog.alloc("activations", T * out * 4)
         prog.free(g32)
         return base, scaled
 
-    def tail(self, name: str, base: int, scaled: int, buf: int) -> int:
+    def tail(self, name: str, base: int, scaled: int, buf: int, input_grad: bool = True) -> int:
         """lora_B's and lora_A's backward, the input cast's and the frozen base's: the input gradient added into
-        `buf` (returned; the first gradient becomes the buffer)."""
+        `buf` (returned; the first gradient becomes the buffer). Without `input_grad` (the first layer's q, k and v
+        when the embedding output needs no gradient) lora_A makes its weight's gradient only."""
         prog, T, e, r = self.prog, self.T, self.e, self.ctx.w.lora_r
         width, out = self.widths[name]
         self._weight_grad(out * r * 4)
@@ -97,6 +101,10 @@ class LoraBackward:
         prog.free(self.kept[name + ".a"])
         prog.free(scaled)
         self._weight_grad(r * width * 4)
+        if not input_grad:
+            prog.free(gb)
+            prog.free(self.kept[name + ".x32"])
+            return buf
         gx32 = prog.alloc("activations", T * width * 4)
         prog.free(self.kept[name + ".x32"])
         prog.free(gb)
@@ -113,9 +121,17 @@ class LoraBackward:
             return buf
         return g
 
-    def linear(self, name: str, g: int, free_g: bool, buf: int) -> int:
-        base, scaled = self.head(name, g, free_g)
-        return self.tail(name, base, scaled, buf)
+    def linear(self, name: str, g: int, free_g: bool, buf: int, input_grad: bool = True) -> int:
+        base, scaled = self.head(name, g, free_g, input_grad)
+        return self.tail(name, base, scaled, buf, input_grad)
+
+    def view_copy(self, g: int, width: int) -> int:
+        """q's and k's gradient made contiguous again by the projection's view (it arrives in attention's layout,
+        transposed): a copy, and the gradient freed. v's does not need one (flash attention writes dv in v's
+        layout)."""
+        out = self.prog.alloc("activations", self.T * width * self.e)
+        self.prog.free(g)
+        return out
 
     def rope(self, g: int, width: int) -> int:
         """RoPE's backward (q * cos + rotate_half(q) * sin) from the rotated tensor's gradient `g`, which it frees:
@@ -133,10 +149,13 @@ class LoraBackward:
         prog.free(t5)  # added into `out`
         return out
 
-    def run(self, resid_grad: int, head: tuple[int, int] | None, layer_input: int) -> None:
+    def run(self, resid_grad: int, head: tuple[int, int] | None, layer_input: int, input_grad: bool = True) -> None:
         """The layer's backward from the residual stream's gradient `resid_grad` (kept: the layer's input gradient
         is added into it); `head`: down_proj's head when it ran before the recompute; `layer_input`: the
-        checkpointed layer input, freed once the input norm's backward has freed its fp32 copy (0: none)."""
+        checkpointed layer input, freed once the input norm's backward has freed its fp32 copy (0: none).
+        `input_grad` False: the first layer when the embedding output needs no gradient (LoRA without
+        checkpointing, the recorded history lora_qwen3b_s1024_b2_cap24): `resid_grad` goes once o_proj's backward
+        has read it, q, k and v make only their adapters' gradients and the input norm has no backward."""
         prog, kept, T, e, spec = self.prog, self.kept, self.T, self.e, self.ctx.spec
         h, q_w, kv_w = spec.hidden, spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
         width = spec.intermediate
@@ -151,7 +170,7 @@ class LoraBackward:
         prog.free_all([kept["gate"], g_act])
         g_norm = self.linear("gate_proj", g_gate, True, g_norm)
         prog.free(norm_backward_frozen(prog, T, h, T, e, g_norm, kept["post.x32"], kept.get("post.rs", 0)))
-        g_attn = self.linear("o_proj", resid_grad, False, 0)
+        g_attn = self.linear("o_proj", resid_grad, not input_grad, 0)
         # flash attention's backward: dq, dk, dv and the kernel's scratch; then what it kept goes
         dq = prog.alloc("activations", T * q_w * e)
         dk = prog.alloc("activations", T * kv_w * e)
@@ -160,13 +179,19 @@ class LoraBackward:
         prog.free_all([kept["attn"], kept["lse"], kept["v"], kept["q_rot"], kept["k_rot"], g_attn])
         g_k = self.rope(dk, kv_w)
         g_q = self.rope(dq, q_w)
-        g_norm = self.linear("v_proj", dv, True, 0)
+        g_norm = self.linear("v_proj", dv, True, 0, input_grad)
         if spec.qk_norm:
-            g_k = head_norm_backward(prog, T, kv_w, spec.kv_heads, e, g_k, kept["k_norm.x32"], kept.get("k_norm.rs", 0))
-        g_norm = self.linear("k_proj", g_k, True, g_norm)
+            g_k = norm_backward_frozen(
+                prog, T, kv_w, T * spec.kv_heads, e, g_k, kept["k_norm.x32"], kept.get("k_norm.rs", 0)
+            )
+        g_norm = self.linear("k_proj", self.view_copy(g_k, kv_w), True, g_norm, input_grad)
         if spec.qk_norm:
-            g_q = head_norm_backward(prog, T, q_w, spec.heads, e, g_q, kept["q_norm.x32"], kept.get("q_norm.rs", 0))
-        g_norm = self.linear("q_proj", g_q, True, g_norm)
+            g_q = norm_backward_frozen(
+                prog, T, q_w, T * spec.heads, e, g_q, kept["q_norm.x32"], kept.get("q_norm.rs", 0)
+            )
+        g_norm = self.linear("q_proj", self.view_copy(g_q, q_w), True, g_norm, input_grad)
+        if not input_grad:
+            return
         prog.free(
             norm_backward_frozen(prog, T, h, T, e, g_norm, kept["in.x32"], kept.get("in.rs", 0), also=layer_input)
         )

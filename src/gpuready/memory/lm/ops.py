@@ -254,12 +254,3 @@ def norm_backward_frozen(
     out = alloc("activations", n * act)  # x.to(fp32)'s backward
     free(part)
     return out
-
-
-def head_norm_backward(prog: Program, tokens: int, width: int, heads: int, act: int, g: int, x32: int, rs: int) -> int:
-    """Qwen3's q_norm / k_norm backward (per head: rows = tokens x heads), then the view's backward: the gradient
-    arrives transposed from attention, so reshaping it back to the projection's layout copies it."""
-    out = norm_backward_frozen(prog, tokens, width, tokens * heads, act, g, x32, rs)
-    copy = prog.alloc("activations", tokens * width * act)
-    prog.free(out)
-    return copy

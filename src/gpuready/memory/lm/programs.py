@@ -104,11 +104,12 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
             if forward_workspace:
                 prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
                 forward_workspace = False
-            # under FSDP the residual stream is replayed tensor by tensor, as the recorded history of FSDP2
-            # qwen2.5-3b (fsdp_qwen3b_b2) shows it: each plain layer's output is a new tensor, and the decoder loop
-            # drops the layer's input only once the layer has returned, after FSDP's post-forward hook has resharded
-            # it (freed its gathered weights); the model's forward keeps the embedding output (`inputs_embeds`) until
-            # it returns, after the final norm. Elsewhere the stream is one tensor for the whole forward.
+            # the residual stream is replayed tensor by tensor, as the recorded histories of FSDP2 qwen2.5-3b
+            # (fsdp_qwen3b_b2) and of one GPU (full_llama3b_s2048_b2_cap40, lora_qwen3b_s1024_b2_cap24) show it:
+            # each plain 16-bit layer's output is a new tensor, and the decoder loop drops the layer's input only
+            # once the layer has returned (under FSDP after its post-forward hook has resharded it, freeing its
+            # gathered weights); the model's forward keeps the embedding output (`inputs_embeds`) until it returns,
+            # after the final norm. Elsewhere (other layers) the stream is one tensor for the whole forward.
             embeds = x
             replaced = False
             per_layer: list[list[Saved]] = []
@@ -138,15 +139,20 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                     per_layer.append([])
                 elif lora_rec:
                     named.append({})
-                    per_layer.append(plain_block_forward(prog, ctx, layer, keep=True, named=named[-1]))
+                    # without checkpointing the embedding output needs no gradient (lora_recorded.LoraBackward.run)
+                    per_layer.append(
+                        plain_block_forward(
+                            prog, ctx, layer, keep=True, residual_out=outs, named=named[-1], input_grad=layer > 0
+                        )
+                    )
                 else:
-                    per_layer.append(block_forward(prog, ctx, layer, keep=True, residual_out=outs if fsdp else None))
+                    per_layer.append(block_forward(prog, ctx, layer, keep=True, residual_out=outs))
                 if fsdp:
                     fsdp.reshard(layer)
-                    if outs:
-                        if x != embeds:
-                            prog.free(x)
-                        x, replaced = outs[0], True
+                if outs:
+                    if x != embeds:
+                        prog.free(x)
+                    x, replaced = outs[0], True
             head_cast = norm_out = frozen_out = 0
             if ckpt_casts:
                 # the final norm on the fp32 residual (ft_llama1b_mixed_ckpt_s4096): pow (a temporary), x * rsqrt
@@ -271,7 +277,15 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                     if w.grad_ckpt:
                         head = bw.head("down_proj", dx, False)
                         plain_block_forward(prog, ctx, layer, keep=True, named=bw.kept, stop_early=True)
-                    bw.run(dx, head, ckpt_inputs[layer] if w.grad_ckpt and not (held_input and layer == 0) else 0)
+                    first = layer == 0 and not w.grad_ckpt
+                    bw.run(
+                        dx,
+                        head,
+                        ckpt_inputs[layer] if w.grad_ckpt and not (held_input and layer == 0) else 0,
+                        input_grad=not first,
+                    )
+                    if first:
+                        dx = 0  # freed by o_proj's backward: nothing below needs it
                     continue
                 saved = per_layer[layer]
                 copies = 0
