@@ -11,10 +11,18 @@ torch.cuda.set_per_process_memory_fraction). Each point is a fresh process:
     python benchmarks/max_batch.py predict JOBS --release-margin 0 > P.tsv  # ... with the release margin at 0
     python3 benchmarks/max_batch.py measure JOBS PREDICTED.tsv OUT [--deadline 460]   # on the GPU machine
     python benchmarks/max_batch.py table docs/max_batch/cases.tsv          # every measured case against today's code
+    python benchmarks/max_batch.py margins docs/max_batch/cases.tsv        # what release margin the cases allow
 
 `measure` starts each case at its committed prediction and searches with gpuready/search.py (step up by 1, 2, 4,
 ... while batches run; down likewise from a failure; then bisect), so a right prediction costs two points (P runs,
 P + 1 does not). It writes OUT/points.jsonl (every point), OUT/measured.tsv and prints the summary table.
+
+`margins` is the measurement behind the language-model release margin (memory/fit.py): for every language-model
+case whose `ran` or `failed` batch needs a cache release under the card's limit (its reserve with no limit is over
+it), whether the program's replay under the limit completes, and if so the largest share of the job's largest
+allocation that could be kept free with the replay still completing, with the replay's outcome on a grid of limits
+1 GiB below to 1 GiB above the card's ('+' completes, '.' fails; the middle one is the card's). A release margin
+separates the cases only if it is above what every failed batch tolerates and below what every batch that ran does.
 """
 
 from __future__ import annotations
@@ -260,9 +268,63 @@ def table(cases: list[dict[str, Any]]) -> None:
     print(", ".join(f"{k}: {n}" for k, n in sorted(counts.items())) + f" of {len(cases)}")
 
 
+def margins(cases: list[dict[str, Any]]) -> None:
+    """The release margins the language-model cases allow (see the module's docstring)."""
+    import importlib
+
+    from gpuready.memory.allocator import replay
+    from gpuready.memory.fit import allocator_limit
+    from gpuready.models import resolve_model
+    from gpuready.units import GIB, parse_size
+    from gpuready.workload import workload_from_args
+
+    est = importlib.import_module("gpuready.memory.estimate")  # the module (the package exports the function)
+    print("| job | card | batch | GPU | replay under the card's limit | completes with up to | limits -1 .. +1 GiB |")
+    print("|---|---|---:|---|---|---:|---|")
+    worst_failed: float | None = None
+    least_ran: float | None = None
+    for case in cases:
+        for which in ("ran", "failed"):
+            if not case[which]:
+                continue
+            w = workload_from_args(f"{case['job']} --batch {case[which]}")
+            spec = resolve_model(w.model, w.as_family)
+            if est.margin_kind(spec, w) != "lm":
+                continue
+            run = est._core(spec, w)
+            limit = allocator_limit(parse_size(case["card"], "card"), est.device_overhead_bytes(w))
+            if run.replay_reserved <= limit or run.peak_allocated > limit:
+                continue  # decided without a release: fits as it is, or its live tensors alone are over
+            events = est._program(spec, w).events
+            grid = "".join("+" if replay(events, limit + k * GIB // 8).oom_event is None else "." for k in range(-8, 9))
+            tolerated: float | None = None
+            if replay(events, limit).oom_event is None:
+                lo, hi = 0.0, 1.5  # shares of the largest allocation
+                for _ in range(12):
+                    mid = (lo + hi) / 2
+                    if replay(events, int(limit - mid * run.largest_request)).oom_event is None:
+                        lo = mid
+                    else:
+                        hi = mid
+                tolerated = lo
+                if which == "failed":
+                    worst_failed = max(worst_failed or 0.0, lo)
+                else:
+                    least_ran = lo if least_ran is None else min(least_ran, lo)
+            outcome = "completes" if tolerated is not None else "fails"
+            share = (
+                f"{tolerated:.0%} ({tolerated * run.largest_request / GIB:.2f} GiB)" if tolerated is not None else "—"
+            )
+            print(f"| `{case['job']}` | {case['card']} | {case[which]} | {which} | {outcome} | {share} | `{grid}` |")
+    print()
+    failed = "none completes" if worst_failed is None else f"the most tolerant completes with {worst_failed:.0%}"
+    ran = "none needs a release" if least_ran is None else f"the least tolerant completes with {least_ran:.0%}"
+    print(f"batches that failed on the GPU: {failed}; batches that ran: {ran} (shares of the largest allocation)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=("predict", "measure", "table"))
+    ap.add_argument("mode", choices=("predict", "measure", "table", "margins"))
     ap.add_argument("jobs", type=Path)
     ap.add_argument("predicted", type=Path, nargs="?")
     ap.add_argument("out", type=Path, nargs="?")
@@ -276,6 +338,9 @@ def main() -> int:
     opts = ap.parse_args()
     if opts.mode == "table":
         table(read_cases(opts.jobs))
+        return 0
+    if opts.mode == "margins":
+        margins(read_cases(opts.jobs))
         return 0
     jobs = read_jobs(opts.jobs)
     if opts.mode == "predict":

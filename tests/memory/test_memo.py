@@ -33,6 +33,7 @@ SHAPES: tuple[dict[str, Any], ...] = (
     {"method": "full", "precision": "fp32"},
     {"method": "full", "grad_accum": 2},
     {"method": "lora"},
+    {"method": "lora", "grad_ckpt": True},
     {"method": "lora", "grad_ckpt": True, "grad_accum": 3},
     {"method": "qlora", "grad_ckpt": True},
     {"method": "lora", "attn": "eager"},

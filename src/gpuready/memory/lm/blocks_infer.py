@@ -181,7 +181,13 @@ def block_nograd(
             # the kernel's log-sum-exp; in inference the H200's kernel writes none (gen_llama1b_fp16: the attention
             # output and three tiny philox/stat tensors only)
             prog.transient("activations", T * spec.heads * 4)
-    if not cache_kv and not autocast:
+    # a decode step's own K and V go once the cache has made the longer tensors; in a checkpointed layer's first
+    # pass (no cache) the rotated q and k and v are locals of the attention module (transformers' Qwen3Attention /
+    # LlamaAttention.forward: query_states, key_states, value_states) and go when it returns, after o_proj and the
+    # attention output, in that order (the recorded H200 history qwen3_8b_lora_ckpt_s2048_b5_cap40: o_proj's
+    # result, then the attention output, q, k and v freed, then the norm's output)
+    locals_kept = not cache_kv and not autocast and not decode
+    if not cache_kv and not autocast and decode:
         prog.free(k2)
         prog.free(v)
     o = project("o_proj", T * h * e, False)
@@ -194,6 +200,11 @@ def block_nograd(
         prog.free(v)
     prog.free(attn)
     prog.free(probs)
+    if locals_kept:
+        prog.free(q2)
+        q2 = 0
+        prog.free(k2)
+        prog.free(v)
     prog.free(qkv)  # a fused projection's output is a local of the attention module: it goes when that returns
     prog.free(q2)
     prog.free(normed)

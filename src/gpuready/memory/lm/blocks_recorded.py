@@ -38,7 +38,14 @@ def recorded_layer_order(ctx: Ctx, layer: int) -> bool:
 
 
 def plain_block_forward(
-    prog: Program, ctx: Ctx, layer: int, keep: bool, residual_out: list[int] | None = None
+    prog: Program,
+    ctx: Ctx,
+    layer: int,
+    keep: bool,
+    residual_out: list[int] | None = None,
+    named: dict[str, int] | None = None,
+    stop_early: bool = False,
+    input_grad: bool = True,
 ) -> list[Saved]:
     """A plain decoder layer's forward (16-bit full or LoRA, fp32 full) in the order the recorded H200 histories
     show it (docs/calibration/histories: lora_llama8b_b1 for LoRA, ft_qwen15_bf16 for 16-bit and ft_qwen05_fp32
@@ -48,7 +55,15 @@ def plain_block_forward(
     the base output; x cast to fp32 (kept by lora_A); lora_A's output (kept by lora_B); lora_B's output, times the
     scaling, plus the base output, in fp32, each freeing the one before; the sum cast back (the linear's output).
     Attention keeps the RoPE'd q and k, v (the v projection's own output, or the whole fused qkv output it is a
-    view of), its output and log-sum-exp; the norm's output lives until the attention or MLP returns."""
+    view of), its output and log-sum-exp; the norm's output lives until the attention or MLP returns.
+
+    `named` (LoRA, lora_recorded.py): filled with the kept handles by name for the recorded backward. `stop_early`:
+    the recompute of a checkpointed LoRA layer, which stops once down_proj's lora_A output is made (non-reentrant
+    checkpointing's early stop, torch/utils/checkpoint.py): then down_proj's base output, the MLP product, the norm's
+    output and the mid-layer residual go as the frames unwind (the recorded history qwen3_8b_lora_ckpt_s2048_b5_cap40)
+    and the layer's output is never made. `input_grad` False: the layer's input needs no gradient (the first layer
+    under LoRA without checkpointing: the embedding output does not require grad), so its norm keeps nothing: the
+    fp32 copy goes once x * rsqrt is made (lora_qwen3b_s1024_b2_cap24)."""
     spec, dt, T = ctx.spec, ctx.dt, ctx.tokens
     h, a, kv, d = spec.hidden, spec.heads, spec.kv_heads, spec.head_dim
     e, r, rank = dt.act, dt.resid, ctx.w.lora_r
@@ -58,6 +73,10 @@ def plain_block_forward(
     lins = set(all_lins)
     layer_ = Layer(prog, keep)
     alloc, save, save_handle = layer_.alloc, layer_.save, layer_.keep_handle
+    names: dict[str, int] = named if named is not None else {}
+
+    def last_kept() -> int:
+        return layer_.saved[-1].handle if keep else 0
 
     def norm() -> int:
         """The norm's output handle: a temporary under LoRA; under full fine-tuning it is kept (by the
@@ -69,6 +88,11 @@ def plain_block_forward(
             save(T * h * 4)  # weight * y, kept by the projections
             return 0
         y32 = rms_norm_start(layer_, T, h, e)  # x.to(fp32) kept by pow, pow, x * rsqrt
+        first = "in.x32" not in names
+        names["in.x32" if first else "post.x32"] = layer_.saved[-1].handle if keep else 0
+        if first and keep and not input_grad:
+            prog.free(layer_.saved.pop().handle)
+            names["in.x32"] = 0
         if full:
             save(T * h * r)  # .to(dtype), kept by weight * y since the weight trains
             save(T * h * r)  # weight * y, kept by the projections
@@ -108,14 +132,20 @@ def plain_block_forward(
             lin = all_lins[name]
             layer_.weight_grad(lin.in_features * lin.out_features * lin.count * dt.param)
 
-    def project(name: str, width: int, out: int) -> int:
-        """The linear's output handle (T x out in the activation dtype)."""
+    def project(name: str, width: int, out: int, stop: bool = False) -> int:
+        """The linear's output handle (T x out in the activation dtype); with `stop`, 0 once lora_A has run (the
+        recompute's early stop)."""
         weight_grad(name)
         if name not in ctx.lora:
             return alloc(T * out * e)
         base = alloc(T * out * e)
         save(T * width * 4, 0, transient=(T * out * 4, T * width * 4))  # x in fp32, kept by lora_A
+        names[name + ".x32"] = last_kept()
         save(T * rank * 4)  # lora_A's output, kept by lora_B
+        names[name + ".a"] = last_kept()
+        if stop:
+            prog.free(base)
+            return 0
         b = alloc(T * out * 4)
         scaled = alloc(T * out * 4)
         prog.free(b)
@@ -129,7 +159,10 @@ def plain_block_forward(
     def head_norm(width: int, src: int) -> int:
         """Qwen3's q_norm / k_norm (RMSNorm over each head) on a projection's output, which it frees: x.to(fp32)
         kept, pow, x * rsqrt, .to(dtype) (kept when the weight trains), weight * y (RoPE's input)."""
-        y32 = rms_norm_start(layer_, T, width, e)
+        stats: list[int] = []
+        y32 = rms_norm_start(layer_, T, width, e, rows=T * width // d, stats=stats)
+        which = "q_norm" if "q_norm.x32" not in names else "k_norm"
+        names[which + ".x32"], names[which + ".rs"] = stats[0], stats[1]
         if full:
             save(T * width * e)
             out = alloc(T * width * e)
@@ -138,6 +171,7 @@ def plain_block_forward(
             # (frees x * rsqrt before the cast, not after: two frees in a row leave the same cache either way)
             out = rms_norm_frozen(layer_, y32, T, width, e)
         prog.free(src)
+        prog.free(stats[2])  # the mean
         return out
 
     q_w, kv_w = a * d, kv * d
@@ -154,9 +188,11 @@ def plain_block_forward(
         if spec.qk_norm:
             k_out = head_norm(kv_w, k_out)
         v_out = project("v_proj", h, kv_w)
-    q_new = rope(prog, T, q_w, e)  # the rotated q and k, kept by attention
-    prog.free(q_out)
+    # the rotated q and k, kept by attention; apply_rotary_pos_emb returns both before the attention module rebinds
+    # its locals, so the projections' q and k go after both (qwen3_8b_lora_ckpt_s2048_b5_cap40)
+    q_new = rope(prog, T, q_w, e)
     k_new = rope(prog, T, kv_w, e)
+    prog.free(q_out)
     prog.free(k_out)
     if ctx.backend == "math":
         # _scaled_dot_product_attention_math in fp32 with grouped-query heads, as the recorded history of
@@ -186,7 +222,9 @@ def plain_block_forward(
         save_handle(k_new, T * kv_w * e)
         save_handle(v_out, T * kv_w * e)  # v, or the fused qkv output it is a view of
         save(T * q_w * e)  # attention output, kept by the kernel's backward
+        names["attn"] = last_kept()
         save(T * a * 4)  # log-sum-exp, fp32
+        names.update(q_rot=q_new, k_rot=k_new, v=v_out, lse=last_kept())
         o_out = project("o_proj", q_w, h)
     if normed:
         prog.free(normed)
@@ -208,14 +246,22 @@ def plain_block_forward(
         gate = project("gate_proj", h, width)
         save_handle(gate, T * width * e)  # kept by the activation
         save(T * width * e, T * width * e)  # activation output, kept by the product
+        names["act"] = last_kept()
         up = project("up_proj", h, width)
         save_handle(up, T * width * e, transient=(T * width * e,))  # kept by the product
+        names.update(gate=gate, up=up)
     if full:
         prod = 0
         save(T * width * e)  # down_proj's input, kept for its weight gradient
     else:
         prod = alloc(T * width * e)  # down_proj's input
-    down_out = project("down_proj", width, h)
+    down_out = project("down_proj", width, h, stop=stop_early)
+    if stop_early:
+        # the frames unwind: the MLP product, the norm's output, the mid-layer residual
+        prog.free(prod)
+        prog.free(normed)
+        prog.free(resid)
+        return layer_.finish()
     if prod:
         prog.free(prod)
     if normed:

@@ -5,21 +5,34 @@ logits to fp32), and generate()'s sampling.
 from __future__ import annotations
 
 from gpuready.memory.lm.context import Ctx
+from gpuready.memory.lm.ops import norm_backward_frozen
 from gpuready.memory.program import Program
 
 
-def final_norm_forward(prog: Program, ctx: Ctx, x: int) -> tuple[list[int], int]:
+def final_norm_forward(prog: Program, ctx: Ctx, x: int) -> tuple[list[int], int, int]:
     """The model's last RMSNorm under autograd, in the recorded order (ft_qwen3_06b_b8): x.to(fp32) (kept),
     pow (a temporary), mean, + eps, rsqrt (kept), x * rsqrt (freed once cast), .to(dtype) (kept by the weight's
-    product), weight * y: the output, lm_head's input. The freed temporaries leave the blocks that backward's
-    cuBLAS workspace later takes. In 16 bits the last residual goes here (the norm saved its fp32 copy); in fp32
-    the norm saves the residual itself. Returns the kept handles and the residual's handle if still held (0 if
-    freed)."""
+    product when the weight trains), weight * y: the output, lm_head's input. The freed temporaries leave the blocks
+    that backward's cuBLAS workspace later takes. In 16 bits the last residual goes here (the norm saved its fp32
+    copy); in fp32 the norm saves the residual itself. Under LoRA (frozen norm weight and lm_head) nothing keeps the
+    cast or the output: the cast goes once weight * y is made, and the output is held only by the model's returned
+    `last_hidden_state` until the loss has been computed (the recorded H200 history
+    qwen3_8b_lora_ckpt_s2048_b5_cap40: the 80 MiB cast freed at once, the output after the loss's fp32 logits).
+    Returns the kept handles, the residual's handle if still held (0 if freed) and the frozen output's handle (0
+    when lm_head keeps it among the kept ones)."""
     T, h, e, r = ctx.tokens, ctx.spec.hidden, ctx.dt.act, ctx.dt.resid
     kept = [prog.alloc("activations", T * h * 4)] if r == 2 else []
     prog.free(prog.alloc("activations", T * h * 4))  # pow(2)
     kept.append(prog.alloc("activations", T * 4))  # mean, then rsqrt: kept
     scaled = prog.alloc("activations", T * h * 4)
+    frozen = not ctx.full and r == 2
+    if frozen:
+        cast = prog.alloc("activations", T * h * r)
+        out = prog.alloc("activations", T * h * e)
+        prog.free(cast)
+        prog.free(scaled)
+        prog.free(x)
+        return kept, 0, out
     if r == 2:
         kept.append(prog.alloc("activations", T * h * r))
     kept.append(prog.alloc("activations", T * h * e))
@@ -27,11 +40,19 @@ def final_norm_forward(prog: Program, ctx: Ctx, x: int) -> tuple[list[int], int]
     if r == 2:
         prog.free(x)
         x = 0
-    return kept, x
+    return kept, x, 0
 
 
-def logits_and_loss_forward(prog: Program, ctx: Ctx) -> list[int]:
-    """lm_head output -> .float() -> log_softmax (kept) ; returns handles kept for backward."""
+def final_norm_backward_frozen(prog: Program, ctx: Ctx, dx: int, kept: list[int]) -> int:
+    """The backward of the final RMSNorm with a frozen weight (LoRA) from lm_head's input gradient `dx`
+    (ops.norm_backward_frozen; `kept`: the fp32 input and rsqrt, which it frees): the residual stream's gradient."""
+    return norm_backward_frozen(prog, ctx.tokens, ctx.spec.hidden, ctx.tokens, ctx.dt.act, dx, kept[0], kept[1])
+
+
+def logits_and_loss_forward(prog: Program, ctx: Ctx, held: int = 0) -> list[int]:
+    """lm_head output -> .float() -> log_softmax (kept) ; returns handles kept for backward. `held`: the final
+    norm's output when nothing keeps it for backward (frozen lm_head), freed once the loss is computed, before the
+    logits (the recorded history qwen3_8b_lora_ckpt_s2048_b5_cap40)."""
     T, V, e = ctx.tokens, ctx.spec.vocab, ctx.dt.act
     logits = prog.alloc("logits_and_loss", T * V * e)
     kept: list[int] = []
@@ -46,6 +67,7 @@ def logits_and_loss_forward(prog: Program, ctx: Ctx) -> list[int]:
     kept.append(prog.alloc("logits_and_loss", T * V * 4))  # log_softmax output
     if up is not None:
         prog.free(up)
+    prog.free(held)
     prog.free(logits)  # the model output (and its bf16 logits) is dropped once .loss is taken
     return kept
 

@@ -23,8 +23,10 @@ from typing import Any
 
 from gpuready.memory.lm.autograd import Saved, block_backward
 from gpuready.memory.lm.blocks_infer import block_nograd
+from gpuready.memory.lm.blocks_recorded import plain_block_forward
 from gpuready.memory.lm.blocks_train import block_forward
 from gpuready.memory.lm.context import Ctx, layer_kind
+from gpuready.memory.lm.lora_recorded import LoraBackward
 from gpuready.memory.program import Program, SpanShape, span_shape
 from gpuready.memory.template import Batch, _Recorder
 
@@ -222,17 +224,100 @@ def _value_key(x: Any) -> Hashable:
     return x  # type: ignore[no-any-return]
 
 
-def layer_forward(memo: SpanMemo, ctx: Ctx, layer: int, keep: bool) -> list[Saved]:
-    """blocks_train.block_forward (its residual stream modelled by the caller), through the memo."""
+def layer_forward(
+    memo: SpanMemo, ctx: Ctx, layer: int, keep: bool, residual_out: list[int] | None = None
+) -> list[Saved]:
+    """blocks_train.block_forward through the memo; the layer's output handle is appended to `residual_out` when
+    given (the residual stream tensor by tensor), else freed by the layer."""
     if not memo.enabled or ctx is not memo.ctx:
-        return block_forward(memo.prog, ctx, layer, keep)
+        return block_forward(memo.prog, ctx, layer, keep, residual_out=residual_out)
+    given = residual_out is not None
 
     def run() -> tuple[list[int], Any]:
-        saved = block_forward(memo.prog, ctx, layer, keep)
-        return [s.handle for s in saved], saved
+        outs: list[int] | None = [] if given else None
+        saved = block_forward(memo.prog, ctx, layer, keep, residual_out=outs)
+        return [s.handle for s in saved] + (outs or []), (saved, len(saved))
 
-    handles, saved = memo.call(("forward", keep, layer_kind(ctx.spec, layer)), (), run)
-    return [Saved(h, s.grad_bytes, s.param_grads, s.transient) for s, h in zip(saved, handles, strict=True)]
+    handles, (saved, n) = memo.call(("forward", keep, given, layer_kind(ctx.spec, layer)), (), run)
+    if residual_out is not None:
+        residual_out.extend(handles[n:])
+    return [Saved(h, s.grad_bytes, s.param_grads, s.transient) for s, h in zip(saved, handles[:n], strict=True)]
+
+
+def lora_layer_forward(
+    memo: SpanMemo, ctx: Ctx, layer: int, residual_out: list[int], named: dict[str, int], input_grad: bool
+) -> list[Saved]:
+    """blocks_recorded.plain_block_forward for the recorded LoRA layer (lm/lora_recorded.py) through the memo:
+    `named` is filled with the handles its backward reads by name, `residual_out` gets the layer's output."""
+
+    def plain(outs: list[int], names: dict[str, int]) -> list[Saved]:
+        return plain_block_forward(
+            memo.prog, ctx, layer, keep=True, residual_out=outs, named=names, input_grad=input_grad
+        )
+
+    if not memo.enabled or ctx is not memo.ctx:
+        return plain(residual_out, named)
+
+    def run() -> tuple[list[int], Any]:
+        outs: list[int] = []
+        names: dict[str, int] = {}
+        saved = plain(outs, names)
+        return [s.handle for s in saved] + outs + list(names.values()), (saved, len(outs), list(names))
+
+    handles, (saved, n_out, keys) = memo.call(("lora_forward", input_grad, layer_kind(ctx.spec, layer)), (), run)
+    n = len(saved)
+    residual_out.extend(handles[n : n + n_out])
+    named.update(zip(keys, handles[n + n_out :], strict=True))
+    return [Saved(h, s.grad_bytes, s.param_grads, s.transient) for s, h in zip(saved, handles[:n], strict=True)]
+
+
+def lora_layer_backward(
+    memo: SpanMemo,
+    ctx: Ctx,
+    layer: int,
+    named: dict[str, int],
+    grads: list[int],
+    accumulate: bool,
+    resid_grad: int,
+    layer_input: int,
+    input_grad: bool,
+) -> None:
+    """The recorded LoRA layer's backward (lm/lora_recorded.LoraBackward) through the memo. Under checkpointing
+    (`named` empty) the nodes that need no saved tensor run first, then the recompute up to its early stop; the
+    residual stream's gradient `resid_grad` is added into in place; `layer_input` (the checkpointed input, or 0) is
+    freed by it."""
+    ckpt = memo.ctx.w.grad_ckpt
+
+    def body(made: list[int]) -> None:
+        bw = LoraBackward(memo.prog, ctx, {} if ckpt else named, made, accumulate)
+        head = None
+        if ckpt:
+            head = bw.head("down_proj", resid_grad, False)
+            plain_block_forward(memo.prog, ctx, layer, keep=True, named=bw.kept, stop_early=True)
+        bw.run(resid_grad, head, layer_input, input_grad=input_grad)
+
+    if not memo.enabled or ctx is not memo.ctx:
+        body(grads)
+        return
+
+    def run() -> tuple[list[int], Any]:
+        made: list[int] = []
+        body(made)
+        return made, None
+
+    size = memo.size_key
+    inputs = [resid_grad, layer_input, *named.values()]
+    key = (
+        "lora_backward",
+        layer_kind(ctx.spec, layer),
+        ckpt,
+        accumulate,
+        input_grad,
+        tuple(size(h) for h in inputs[:2]),
+        tuple((k, size(h)) for k, h in named.items()),
+    )
+    handles, _ = memo.call(key, inputs, run)
+    grads.extend(handles)
 
 
 def layer_backward(memo: SpanMemo, saved: list[Saved], grads: list[int], accumulate: bool) -> None:

@@ -36,13 +36,32 @@ def rope(prog: Program, tokens: int, width: int, act: int, output: bool = True, 
     return out
 
 
-def rms_norm_start(layer: Layer, tokens: int, width: int, act: int) -> int:
+def rms_norm_start(
+    layer: Layer, tokens: int, width: int, act: int, rows: int = 0, stats: list[int] | None = None
+) -> int:
     """The start of LlamaRMSNorm (and its relatives) under autograd on a 16-bit input: x.to(fp32), kept by pow (its
     backward makes an input-sized gradient and holds three fp32 temporaries of the input's size); pow(2), freed at
-    once; x * rsqrt in fp32. Returns the handle of x * rsqrt, which the caller frees or keeps."""
+    once; x * rsqrt in fp32. Returns the handle of x * rsqrt, which the caller frees or keeps.
+
+    With `stats` (a list), the per-row tensors are made too, as the recorded history of qwen3-8b LoRA
+    (qwen3_8b_lora_ckpt_s2048_b5_cap40) shows them for Qwen3's head norms, where `rows` = tokens x heads makes them
+    large-pool blocks (1.25 MiB for q at 10240 tokens): the mean (the local `variance`, alive until the norm
+    returns), + eps (freed), rsqrt (kept by x * rsqrt); the handles of x.to(fp32), rsqrt and the mean are appended to
+    `stats` (the caller frees the mean when the norm returns)."""
     n = tokens * width
-    layer.save(n * 4, n * act, transient=(n * 4,) * 3)
-    layer.prog.free(layer.alloc(n * 4))
+    x32 = layer.alloc(n * 4)
+    layer.keep_handle(x32, n * act, transient=(n * 4,) * 3)
+    sq = layer.alloc(n * 4)
+    if stats is None:
+        layer.prog.free(sq)
+        return layer.alloc(n * 4)
+    mean = layer.alloc(rows * 4)
+    layer.prog.free(sq)
+    eps = layer.alloc(rows * 4)
+    rsqrt = layer.alloc(rows * 4)
+    layer.keep_handle(rsqrt)
+    layer.prog.free(eps)
+    stats.extend((x32 if layer.keep else 0, rsqrt if layer.keep else 0, mean))
     return layer.alloc(n * 4)
 
 
@@ -189,7 +208,49 @@ def flash_backward_workspace_bytes(spec: ModelSpec, tokens: int) -> int:
     softmax row sums (tokens x heads x (head_dim + 1) x 4), and with grouped-query heads the bf16 dk and dv expanded
     to every head before they are summed back (tokens x heads x head_dim x 2, twice). The recorded H200 histories:
     64.25 MiB for pythia-1b at 8 x 1024 (8 heads of 256, ft_pythia1b_b8), 516 MiB for llama-3.2-1b at 8 x 4096
-    (32 heads of 64 over 8 K/V heads, ft_llama1b_mixed_ckpt_s4096)."""
+    (32 heads of 64 over 8 K/V heads, ft_llama1b_mixed_ckpt_s4096), 321.25 MiB for qwen3-8b at 5 x 2048
+    (qwen3_8b_lora_ckpt_s2048_b5_cap40)."""
     a, d = spec.heads, spec.head_dim
     gqa = 2 * tokens * a * d * 2 if spec.kv_heads < a else 0
-    return tokens * a * (d + 1) * 4 + gqa
+    return tokens * a * (d + 1) * 4 + gqa + 256  # the kernel asks for 256 B more (all three histories)
+
+
+def norm_backward_frozen(
+    prog: Program, tokens: int, width: int, rows: int, act: int, g: int, x32: int, rsqrt: int = 0, also: int = 0
+) -> int:
+    """The backward of an RMSNorm with a frozen weight (LlamaRMSNorm and its copies: `weight * (x.to(fp32) *
+    rsqrt(mean(x^2) + eps)).to(dtype)`) from its output's gradient `g`, which it frees, as the recorded history
+    shows it (the final norm, each layer's two norms, Qwen3's head norms): grad * weight, its cast to fp32; x *
+    rsqrt's backward (grad * x, summed into rsqrt's gradient and freed, and grad * rsqrt, the first part of the
+    input's fp32 gradient); rsqrt's and the mean's (row-sized); the mean's gradient expanded to the input's size;
+    pow's backward (two temporaries and its part, added in place into the first); the saved fp32 copy `x32` (and
+    `rsqrt`, and `also`: a checkpointed layer's input, which the checkpoint holds until here) freed; the cast back
+    to `act` bytes, returned."""
+    n = tokens * width
+    alloc, free = prog.alloc, prog.free
+    scaled = alloc("activations", n * act)  # grad * weight
+    free(g)
+    g32 = alloc("activations", n * 4)  # .to(dtype)'s backward
+    free(scaled)
+    by_x = alloc("activations", n * 4)  # grad * x, for rsqrt's gradient
+    part = alloc("activations", n * 4)  # grad * rsqrt, the input's gradient so far
+    g_rs = alloc("activations", rows * 4)
+    free(by_x)
+    free(g32)
+    small = [alloc("activations", rows * 4) for _ in range(3)]  # rsqrt's and the mean's backward
+    free(small[1])
+    free(small[0])
+    free(rsqrt)
+    free(g_rs)
+    expanded = alloc("activations", n * 4)  # the mean's gradient over the row
+    free(small[2])
+    t1, t2, pow_part = alloc("activations", n * 4), alloc("activations", n * 4), alloc("activations", n * 4)
+    free(t2)
+    free(t1)
+    free(x32)
+    free(expanded)
+    free(also)
+    free(pow_part)  # added into `part`
+    out = alloc("activations", n * act)  # x.to(fp32)'s backward
+    free(part)
+    return out

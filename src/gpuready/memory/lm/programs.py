@@ -12,8 +12,22 @@ from gpuready.memory.lm.blocks_recorded import recorded_layer_order
 from gpuready.memory.lm.blocks_train import block_forward
 from gpuready.memory.lm.context import make_ctx
 from gpuready.memory.lm.fsdp import Fsdp
-from gpuready.memory.lm.loss import Sampler, final_norm_forward, logits_and_loss_backward, logits_and_loss_forward
-from gpuready.memory.lm.memo import SpanMemo, layer_backward, layer_forward, layer_nograd
+from gpuready.memory.lm.lora_recorded import lora_recorded
+from gpuready.memory.lm.loss import (
+    Sampler,
+    final_norm_backward_frozen,
+    final_norm_forward,
+    logits_and_loss_backward,
+    logits_and_loss_forward,
+)
+from gpuready.memory.lm.memo import (
+    SpanMemo,
+    layer_backward,
+    layer_forward,
+    layer_nograd,
+    lora_layer_backward,
+    lora_layer_forward,
+)
 from gpuready.memory.lm.neox import NeoxKept, neox_recorded, neox_train_backward, neox_train_forward
 from gpuready.memory.lm.ops import (
     CUBLAS_WORKSPACE_BYTES,
@@ -66,11 +80,19 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
     # recorded H200 history lora_qwen7b_s2048_b3_cap80: the 42 MiB embedding output, then the 32 MiB workspace)
     forward_workspace = True
     backward_workspace = True
+    # LoRA layers whose backward (and checkpointed recompute) follow the recorded order (lm/lora_recorded.py)
+    lora_rec = not fsdp and all(lora_recorded(ctx, layer) for layer in range(spec.layers))
+    # peft makes the embedding output require grad when the model checkpoints (PeftModel's
+    # _prepare_model_for_gradient_checkpointing: enable_input_require_grads), so the residual stream's gradient
+    # ends as that leaf's .grad; both live as long as the step's `loss` (its graph's AccumulateGrad node): after
+    # zero_grad, until the next step's embedding (qwen3_8b_lora_ckpt_s2048_b5_cap40). With one micro-batch only.
+    held_input = lora_rec and w.grad_ckpt and w.grad_accum == 1
     state: list[int] | None = None
 
     def one_step(step: int) -> tuple[list[int], None]:
         nonlocal forward_workspace, backward_workspace, state
         grads: list[int] = []
+        held: list[int] = []  # (freed at the step's end, below)
         if step == 1 and ddp:
             ddp.rebuild([t.nbytes for t in reversed(trainable)], release_first=w.grad_ckpt)
         for micro in range(min(w.grad_accum, 2)):
@@ -93,14 +115,16 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
             if forward_workspace:
                 prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
                 forward_workspace = False
-            # under FSDP the residual stream is replayed tensor by tensor, as the recorded history of FSDP2
-            # qwen2.5-3b (fsdp_qwen3b_b2) shows it: each plain layer's output is a new tensor, and the decoder loop
-            # drops the layer's input only once the layer has returned, after FSDP's post-forward hook has resharded
-            # it (freed its gathered weights); the model's forward keeps the embedding output (`inputs_embeds`) until
-            # it returns, after the final norm. Elsewhere the stream is one tensor for the whole forward.
+            # the residual stream is replayed tensor by tensor, as the recorded histories of FSDP2 qwen2.5-3b
+            # (fsdp_qwen3b_b2) and of one GPU (full_llama3b_s2048_b2_cap40, lora_qwen3b_s1024_b2_cap24) show it:
+            # each plain 16-bit layer's output is a new tensor, and the decoder loop drops the layer's input only
+            # once the layer has returned (under FSDP after its post-forward hook has resharded it, freeing its
+            # gathered weights); the model's forward keeps the embedding output (`inputs_embeds`) until it returns,
+            # after the final norm. Elsewhere (other layers) the stream is one tensor for the whole forward.
             embeds = x
             replaced = False
             per_layer: list[list[Saved]] = []
+            named: list[dict[str, int]] = []
             ckpt_inputs: list[int] = []
             neox_kept: list[NeoxKept] = []
             for layer in range(spec.layers):
@@ -124,17 +148,21 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                         cache_casts=ctx.full,
                     )
                     per_layer.append([])
+                elif lora_rec:
+                    named.append({})
+                    # without checkpointing the embedding output needs no gradient (lora_recorded.LoraBackward.run)
+                    per_layer.append(lora_layer_forward(memo, ctx, layer, outs, named[-1], input_grad=layer > 0))
                 elif fsdp:
                     per_layer.append(block_forward(prog, ctx, layer, keep=True, residual_out=outs))
                 else:
-                    per_layer.append(layer_forward(memo, ctx, layer, keep=True))
+                    per_layer.append(layer_forward(memo, ctx, layer, keep=True, residual_out=outs))
                 if fsdp:
                     fsdp.reshard(layer)
-                    if outs:
-                        if x != embeds:
-                            prog.free(x)
-                        x, replaced = outs[0], True
-            head_cast = norm_out = 0
+                if outs:
+                    if x != embeds:
+                        prog.free(x)
+                    x, replaced = outs[0], True
+            head_cast = norm_out = frozen_out = 0
             if ckpt_casts:
                 # the final norm on the fp32 residual (ft_llama1b_mixed_ckpt_s4096): pow (a temporary), x * rsqrt
                 # (kept for the weight's gradient), weight * y (the output); lm_head's weight copy, the output cast
@@ -147,14 +175,14 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
             elif neox:
                 final = [prog.alloc("activations", T * h * r)]  # final_layer_norm's output (it keeps its input, x)
             elif recorded_layer_order(ctx, spec.layers - 1) and spec.model_type != "gemma2":
-                final, x = final_norm_forward(prog, ctx, x)
+                final, x, frozen_out = final_norm_forward(prog, ctx, x)
             else:
                 final = [prog.alloc("activations", T * h * 4)]  # final norm keeps its fp32 input
                 if ctx.full:
                     final.append(prog.alloc("activations", T * h * e))  # lm_head keeps its input
             if replaced:
                 prog.free(embeds)  # the base model returns (fsdp_qwen3b_b2: after the final norm, before lm_head)
-            kept = logits_and_loss_forward(prog, ctx)
+            kept = logits_and_loss_forward(prog, ctx, frozen_out)
             if ckpt_casts:
                 # the region ends: the final norm's output and the layers' cached weight copies go
                 prog.free(norm_out)
@@ -211,6 +239,9 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                     backward_workspace = False
                 prog.free(g)
             prog.free(head_cast)  # checkpointing under autocast without full fine-tuning (no lm_head gradient)
+            if frozen_out:
+                dx = final_norm_backward_frozen(prog, ctx, dx, final)  # frees the fp32 input and rsqrt it kept
+                final = []
             if recorded_mixed:
                 # the final norm's backward (ft_llama1b_mixed_ckpt_s4096): its weight's gradient and reduction, then
                 # the input's gradient: the residual stream's gradient buffer, which the layers' backward add into
@@ -248,6 +279,23 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 if recorded_mixed:
                     mixed_ckpt_layer_backward(prog, ctx, ckpt_inputs[layer], grads, accumulate)
                     continue
+                if lora_rec:
+                    # the backward nodes that need no saved tensor run before the recompute (down_proj's head)
+                    first = layer == 0 and not w.grad_ckpt
+                    lora_layer_backward(
+                        memo,
+                        ctx,
+                        layer,
+                        {} if w.grad_ckpt else named[layer],
+                        grads,
+                        accumulate,
+                        dx,
+                        ckpt_inputs[layer] if w.grad_ckpt and not (held_input and layer == 0) else 0,
+                        input_grad=not first,
+                    )
+                    if first:
+                        dx = 0  # freed by o_proj's backward: nothing below needs it
+                    continue
                 saved = per_layer[layer]
                 copies = 0
                 if w.grad_ckpt:
@@ -278,6 +326,8 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                     prog.free(emb)
                 else:
                     grads.append(emb)
+            elif held_input:
+                held = [ckpt_inputs[0], dx]
             else:
                 prog.free(dx)
             if recorded_mixed:
@@ -299,7 +349,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                     prog.free(emb)
                 else:
                     grads.append(emb)
-            elif not accumulate and not fsdp:
+            elif not accumulate and not fsdp and not lora_rec:  # (lora_rec: made by each adapter's backward)
                 grads.extend(prog.alloc("gradients", t.nbytes) for t in trainable)
             if fsdp:
                 if ctx.full:
@@ -318,6 +368,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
         state = optimizer_step(prog, w.optim, trainable, state)
         prog.set_phase("forward")
         prog.free_all(grads)
+        prog.free_all(held)
         return [], None
 
     for step in range(STEPS):
