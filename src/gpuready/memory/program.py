@@ -39,7 +39,7 @@ def span_shape(events: list[int], freed: list[int]) -> SpanShape:
     """The shape of `events` (+size, -handle), `freed[k]` being the size of the handle freed by event k."""
     if not events:
         return SpanShape(0, 0, -1, 0)
-    totals = list(accumulate(ev if ev > 0 else -n for ev, n in zip(events, freed, strict=True)))
+    totals = list(accumulate([ev if ev > 0 else -n for ev, n in zip(events, freed, strict=True)]))
     lowest = min(totals) - 1
     # the total just after each allocation (lower than any total where the event frees)
     after_alloc = [t if ev > 0 else lowest for t, ev in zip(totals, events, strict=True)]

@@ -325,12 +325,14 @@ def layer_backward(memo: SpanMemo, saved: list[Saved], grads: list[int], accumul
     if not memo.enabled:
         block_backward(memo.prog, saved, grads, accumulate)
         return
-    size, value = memo.size_key, _value_key
-    key = (
-        "backward",
-        accumulate,
-        tuple((size(s.handle), value(s.grad_bytes), value(s.param_grads), value(s.transient)) for s in saved),
-    )
+    nodes: tuple[Hashable, ...]
+    if memo.rec is None:  # (the plain program: every size is an int)
+        sizes = memo.prog.sizes
+        nodes = tuple((sizes[s.handle] if s.handle else 0, s.grad_bytes, s.param_grads, s.transient) for s in saved)
+    else:
+        size, value = memo.size_key, _value_key
+        nodes = tuple((size(s.handle), value(s.grad_bytes), value(s.param_grads), value(s.transient)) for s in saved)
+    key = ("backward", accumulate, nodes)
 
     def run() -> tuple[list[int], Any]:
         made: list[int] = []
