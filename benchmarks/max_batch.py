@@ -330,7 +330,8 @@ def main() -> int:
     opts = ap.parse_args()
     if opts.mode == "table":
         table(read_cases(opts.jobs))
-    elif opts.mode == "margins":
+        return 0
+    if opts.mode == "margins":
         margins(read_cases(opts.jobs))
         return 0
     jobs = read_jobs(opts.jobs)
