@@ -218,7 +218,16 @@ def test_lora_program_under_the_recorded_cap_fails_or_runs_as_the_gpu_did(name: 
         assert stats.peak_reserved_bytes == pytest.approx(gpu.gpu_reserved_bytes, rel=0.01)
 
 
-@pytest.mark.parametrize(("name", "job"), [CAPPED_JOBS[i] for i in (0, 1, 2, 3, 4, 5)])
+RECORDED_ORDER = [
+    *(CAPPED_JOBS[i] for i in (0, 1, 2, 3, 4, 5)),
+    # two histories with no cap: no checkpointing at 2048 tokens, and checkpointing at 4096 (its rotary cos and sin
+    # are 2 MiB large-pool blocks, kept by the checkpoint until the first layer's backward)
+    ("lora_llama8b_b1.json.gz", "llama-3.1-8b --method lora --lora-r 16 --batch 1 --seq 2048"),
+    ("lora_qwen3_8b_ckpt.json.gz", "qwen3-8b --method lora --lora-r 32 --grad-ckpt --batch 1 --seq 4096"),
+]
+
+
+@pytest.mark.parametrize(("name", "job"), RECORDED_ORDER)
 def test_lora_program_makes_the_recorded_segments_in_the_recorded_order(name: str, job: str) -> None:
     # round 11 (memory/lm/lora_recorded.py): peft's LoRA backward, the checkpointed recompute's early stop, the final
     # norm, the residual stream. Before it the first large segment made differently was in the first checkpointed

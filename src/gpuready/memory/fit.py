@@ -35,14 +35,14 @@ from gpuready.memory.allocator import replay
 #   in for events the program got wrong. Round 11 made the program follow the recorded events where the capped
 #   cases differed (peft's LoRA backward, the checkpointed recompute's early stop, the residual stream, the final
 #   norm: memory/lm/lora_recorded.py, docs/max_batch.md): the program now makes the same large-pool segments in the
-#   same order as eight of the histories, and under each history's cap it fails or runs as the GPU did in ten of
-#   eleven (phi-3-mini LoRA + checkpointing, whose fused projections keep the generic backward, fails where the GPU
-#   ran: cautious). With no margin, all 50 emulated-card cases of docs/max_batch.md are right except one not
-#   bracketed (qwen2.5-7b LoRA + checkpointing, 1024 tokens, 40 GiB: 12 predicted, 10 ran, 11 not tried); no
-#   batch that failed on the GPU completes in the replay under its card's limit, and the least tolerant batch that
-#   ran completes with 2% of its largest allocation kept free (`python benchmarks/max_batch.py margins
-#   docs/max_batch/cases.tsv`, docs/max_batch/margins_round11.md). Before round 11 the release
-#   margin was 50% of the largest allocation (the fp32 logits), which cost 7 of the 50 cases;
+#   same order as eight of the capped histories (and two with no cap), and under each history's cap it fails or
+#   runs as the GPU did in ten of eleven (phi-3-mini LoRA + checkpointing, whose fused projections keep the generic
+#   backward, fails where the GPU ran: cautious). With no margin, all 50 emulated-card cases of docs/max_batch.md
+#   are right except one not bracketed (qwen2.5-7b LoRA + checkpointing, 1024 tokens, 40 GiB: 12 predicted, 10 ran,
+#   11 not tried); no batch that failed on the GPU completes in the replay under its card's limit, and the least
+#   tolerant batch that ran completes with 2% of its largest allocation kept free (`python benchmarks/max_batch.py
+#   margins docs/max_batch/cases.tsv`, docs/max_batch/margins_round11.md). Before round 11 the release margin was
+#   50% of the largest allocation (the fp32 logits), which cost 7 of the 50 cases;
 # - "vit" (torchvision's ViT), 45% of the largest single allocation: vit_b_16 bf16 inference on a 24 GiB card ran
 #   4123 (predicted with this margin) and failed at 5154; the replay alone promises 4537, which was not measured;
 # - "conv" (ResNets), 100% of the largest single allocation (room for one cuDNN workspace): resnet50 fp32 on a

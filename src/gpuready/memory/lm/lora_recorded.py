@@ -149,13 +149,22 @@ class LoraBackward:
         prog.free(t5)  # added into `out`
         return out
 
-    def run(self, resid_grad: int, head: tuple[int, int] | None, layer_input: int, input_grad: bool = True) -> None:
+    def run(
+        self,
+        resid_grad: int,
+        head: tuple[int, int] | None,
+        layer_input: int,
+        input_grad: bool = True,
+        tables: list[int] | None = None,
+    ) -> None:
         """The layer's backward from the residual stream's gradient `resid_grad` (kept: the layer's input gradient
         is added into it); `head`: down_proj's head when it ran before the recompute; `layer_input`: the
         checkpointed layer input, freed once the input norm's backward has freed its fp32 copy (0: none).
         `input_grad` False: the first layer when the embedding output needs no gradient (LoRA without
         checkpointing, the recorded history lora_qwen3b_s1024_b2_cap24): `resid_grad` goes once o_proj's backward
-        has read it, q, k and v make only their adapters' gradients and the input norm has no backward."""
+        has read it, q, k and v make only their adapters' gradients and the input norm has no backward. `tables`:
+        the rotary cos and sin (the first layer's backward frees them: after q's RoPE backward, whose products kept
+        them, or with a checkpointed layer's input, which the checkpoint keeps with them)."""
         prog, kept, T, e, spec = self.prog, self.kept, self.T, self.e, self.ctx.spec
         h, q_w, kv_w = spec.hidden, spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
         width = spec.intermediate
@@ -179,6 +188,9 @@ class LoraBackward:
         prog.free_all([kept["attn"], kept["lse"], kept["v"], kept["q_rot"], kept["k_rot"], g_attn])
         g_k = self.rope(dk, kv_w)
         g_q = self.rope(dq, q_w)
+        if not input_grad:
+            prog.free_all(tables or [])
+            tables = []
         g_norm = self.linear("v_proj", dv, True, 0, input_grad)
         if spec.qk_norm:
             g_k = norm_backward_frozen(
@@ -192,6 +204,5 @@ class LoraBackward:
         g_norm = self.linear("q_proj", self.view_copy(g_q, q_w), True, g_norm, input_grad)
         if not input_grad:
             return
-        prog.free(
-            norm_backward_frozen(prog, T, h, T, e, g_norm, kept["in.x32"], kept.get("in.rs", 0), also=layer_input)
-        )
+        also = [layer_input, *(tables or [])]  # the checkpoint's saved inputs go once the norm has freed its own
+        prog.free(norm_backward_frozen(prog, T, h, T, e, g_norm, kept["in.x32"], kept.get("in.rs", 0), also=also))

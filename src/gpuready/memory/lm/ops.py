@@ -216,7 +216,15 @@ def flash_backward_workspace_bytes(spec: ModelSpec, tokens: int) -> int:
 
 
 def norm_backward_frozen(
-    prog: Program, tokens: int, width: int, rows: int, act: int, g: int, x32: int, rsqrt: int = 0, also: int = 0
+    prog: Program,
+    tokens: int,
+    width: int,
+    rows: int,
+    act: int,
+    g: int,
+    x32: int,
+    rsqrt: int = 0,
+    also: list[int] | None = None,
 ) -> int:
     """The backward of an RMSNorm with a frozen weight (LlamaRMSNorm and its copies: `weight * (x.to(fp32) *
     rsqrt(mean(x^2) + eps)).to(dtype)`) from its output's gradient `g`, which it frees, as the recorded history
@@ -224,8 +232,8 @@ def norm_backward_frozen(
     rsqrt's backward (grad * x, summed into rsqrt's gradient and freed, and grad * rsqrt, the first part of the
     input's fp32 gradient); rsqrt's and the mean's (row-sized); the mean's gradient expanded to the input's size;
     pow's backward (two temporaries and its part, added in place into the first); the saved fp32 copy `x32` (and
-    `rsqrt`, and `also`: a checkpointed layer's input, which the checkpoint holds until here) freed; the cast back
-    to `act` bytes, returned."""
+    `rsqrt`, and `also`: a checkpointed layer's saved inputs, which the checkpoint holds until here) freed; the
+    cast back to `act` bytes, returned."""
     n = tokens * width
     alloc, free = prog.alloc, prog.free
     scaled = alloc("activations", n * act)  # grad * weight
@@ -249,7 +257,7 @@ def norm_backward_frozen(
     free(t1)
     free(x32)
     free(expanded)
-    free(also)
+    prog.free_all(also or [])
     free(pow_part)  # added into `part`
     out = alloc("activations", n * act)  # x.to(fp32)'s backward
     free(part)

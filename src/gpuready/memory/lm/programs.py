@@ -112,7 +112,14 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
             if fsdp:
                 fsdp.gather(root)
             x = prog.alloc("activations", T * h * r)  # embedding output, the residual stream
-            if forward_workspace:
+            tables: list[int] = []
+            if lora_rec:
+                # the rotary embedding's cos and sin for the batch's positions (one row: position_ids is 1 x seq in
+                # training), kept by RoPE's products, or under checkpointing by the checkpoint's saved inputs, until
+                # the first layer's backward (lora_qwen3_8b_ckpt: 2 MiB large-pool blocks at 4096 tokens)
+                tables = rotary_tables(prog, ctx, 1, w.seq, first_matmul=forward_workspace)
+                forward_workspace = False
+            elif forward_workspace:
                 prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
                 forward_workspace = False
             # the residual stream is replayed tensor by tensor, as the recorded histories of FSDP2 qwen2.5-3b
@@ -292,6 +299,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                         dx,
                         ckpt_inputs[layer] if w.grad_ckpt and not (held_input and layer == 0) else 0,
                         input_grad=not first,
+                        tables=tables if layer == 0 else [],
                     )
                     if first:
                         dx = 0  # freed by o_proj's backward: nothing below needs it
