@@ -281,11 +281,12 @@ def lora_layer_backward(
     resid_grad: int,
     layer_input: int,
     input_grad: bool,
+    tables: list[int] | None = None,
 ) -> None:
     """The recorded LoRA layer's backward (lm/lora_recorded.LoraBackward) through the memo. Under checkpointing
     (`named` empty) the nodes that need no saved tensor run first, then the recompute up to its early stop; the
-    residual stream's gradient `resid_grad` is added into in place; `layer_input` (the checkpointed input, or 0) is
-    freed by it."""
+    residual stream's gradient `resid_grad` is added into in place; `layer_input` (the checkpointed input, or 0) and
+    `tables` (the rotary tables, freed by the first layer's backward) are freed by it."""
     ckpt = memo.ctx.w.grad_ckpt
 
     def body(made: list[int]) -> None:
@@ -294,7 +295,7 @@ def lora_layer_backward(
         if ckpt:
             head = bw.head("down_proj", resid_grad, False)
             plain_block_forward(memo.prog, ctx, layer, keep=True, named=bw.kept, stop_early=True)
-        bw.run(resid_grad, head, layer_input, input_grad=input_grad)
+        bw.run(resid_grad, head, layer_input, input_grad=input_grad, tables=tables)
 
     if not memo.enabled or ctx is not memo.ctx:
         body(grads)
@@ -306,14 +307,15 @@ def lora_layer_backward(
         return made, None
 
     size = memo.size_key
-    inputs = [resid_grad, layer_input, *named.values()]
+    tabled = list(tables or [])
+    inputs = [resid_grad, layer_input, *tabled, *named.values()]
     key = (
         "lora_backward",
         layer_kind(ctx.spec, layer),
         ckpt,
         accumulate,
         input_grad,
-        tuple(size(h) for h in inputs[:2]),
+        tuple(size(h) for h in inputs[: 2 + len(tabled)]),
         tuple((k, size(h)) for k, h in named.items()),
     )
     handles, _ = memo.call(key, inputs, run)
