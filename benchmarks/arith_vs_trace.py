@@ -156,11 +156,17 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         full = "--full" in argv
         grid = vision_jobs(Path(tmp), quick, full) if vision else jobs(Path(tmp), quick, families)
+        failed = 0
         for name, fields in grid:
-            da, dr = compare(fields)
+            try:
+                da, dr = compare(fields)
+            except Exception as exc:  # a job either mode cannot size is a result of the comparison, not its end
+                failed += 1
+                print(f"| {name} | failed: {type(exc).__name__}: {str(exc)[:80]} | |", flush=True)
+                continue
             rows.append((name, da, dr))
             print(f"| {name} | {da * 100:+.1f}% | {dr * 100:+.1f}% |", flush=True)
-    print(f"\n{len(rows)} jobs in {time.perf_counter() - t0:.0f} s.")
+    print(f"\n{len(rows)} jobs in {time.perf_counter() - t0:.0f} s" + (f"; {failed} failed." if failed else "."))
     for label, idx in (("allocated", 1), ("reserved", 2)):
         vals = sorted(abs(r[idx]) for r in rows)
         print(

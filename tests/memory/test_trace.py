@@ -325,3 +325,23 @@ def test_traced_training_reserve_matches_the_recorded_history(history: str, job:
     est = trace_estimate(make_workload(**job))  # type: ignore[arg-type]
     assert est.peak_allocated_bytes == pytest.approx(doc["peak_allocated_bytes"], rel=0.003)
     assert est.peak_reserved_bytes == pytest.approx(doc["peak_reserved_bytes"], rel=0.005)
+
+
+@pytest.mark.torch
+def test_traced_mixed_precision_with_checkpointing_recomputes_with_cudas_fp32_ops(tmp_path: Path) -> None:
+    # GPT-2's gelu_new runs pow in fp32 under CUDA autocast (the traced mode's cuda_autocast_lists); checkpointing
+    # recomputes it in backward, outside the trace's TorchFunctionModes: without the lists entered again there the
+    # recomputed tensors came out bf16 and torch.utils.checkpoint refused them (CheckpointError, an internal error of
+    # `estimate --trace`)
+    pytest.importorskip("transformers")
+    import json
+
+    cfg = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 128, "vocab_size": 512}
+    path = tmp_path / "gpt2_tiny.json"
+    path.write_text(json.dumps(cfg), encoding="utf-8")
+    w = make_workload(model=str(path), precision="mixed", grad_ckpt=True, batch=2, seq=64)
+    from gpuready.memory.trace import trace_estimate
+
+    est = trace_estimate(w)
+    plain = trace_estimate(w.model_copy(update={"grad_ckpt": False}))
+    assert 0 < est.peak_allocated_bytes < plain.peak_allocated_bytes  # checkpointing keeps less

@@ -336,7 +336,7 @@ def _cuda_dropout(torch: Any) -> Callable[..., Any]:
     return dropout
 
 
-def _cuda_autocast_lists(torch: Any) -> Any:
+def cuda_autocast_lists(torch: Any) -> Any:
     """A TorchFunctionMode that gives CPU autocast CUDA's op lists where they differ and the traced jobs meet them
     (aten/src/ATen/autocast_mode.cpp, the AutocastCUDA registrations): under CUDA autocast pow, exp, log, rsqrt,
     layer_norm, group_norm, softplus and friends run in fp32 (16-bit inputs cast to fp32 first); softmax,
@@ -435,6 +435,6 @@ def as_on_cuda(torch: Any, transformers: Any) -> Iterator[None]:
         # values, which fake tensors cannot give, and would build an explicit mask (then SDPA repeats K/V and
         # leaves flash). The job has one sequence per row, as on the GPU: no packing.
         _patched(masking, "find_packed_sequence_indices", _no_packing),
-        _cuda_autocast_lists(torch),
+        cuda_autocast_lists(torch),
     ):
         yield

@@ -62,7 +62,19 @@ def _build_on_meta(torch: Any, transformers: Any, cfg: dict[str, Any], w: Worklo
     if w.training:
         model.train()
         if w.grad_ckpt:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            from contextlib import nullcontext
+
+            from gpuready.memory.trace_record import cuda_autocast_lists
+
+            # the recomputation runs in backward, outside the trace's TorchFunctionModes: CUDA autocast's fp32 op lists
+            # (trace_record.cuda_autocast_lists) are entered again for it, or a recomputed op differs from the forward's
+            # (GPT-2's gelu_new pow under mixed precision: torch.utils.checkpoint's metadata check fails)
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={
+                    "use_reentrant": False,
+                    "context_fn": lambda: (nullcontext(), cuda_autocast_lists(torch)),
+                }
+            )
         if w.method == "lora":
             from peft import LoraConfig, get_peft_model
 
