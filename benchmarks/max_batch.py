@@ -215,6 +215,9 @@ def measure(jobs: list[dict[str, Any]], predicted: Path, out: Path, deadline_s: 
             lines.append(f"{job['name']}\t{job['card']}\t{starts.get(job['name'])}\t\tFalse\tnot run\t")
             continue
         pred, meas = starts.get(job["name"], 0), r["measured"]
+        if not r["points"]:  # no batch ran or failed: the case says nothing (e.g. a job the trial cannot run)
+            lines.append(f"{job['name']}\t{job['card']}\t{pred}\t\tFalse\tnot measured ({r['why']})\t")
+            continue
         verdict = "over" if pred > meas else "ok" if pred >= math.ceil(0.8 * meas) else "low"
         if not r["complete"]:
             why = f"; {r['why'][:60]}" if r["why"] else ""
