@@ -150,3 +150,25 @@ def test_memoised_batch_templates_are_the_templates_recorded_layer_by_layer(
         assert fast == plain, (model, shape)
         made += fast is not None
     assert made >= 5
+
+
+def test_a_span_that_switches_phase_is_not_recorded() -> None:
+    # a span's running totals are written out into one phase: a span that switches phase runs every time
+    spec = resolve_model("gpt2")
+    from gpuready.memory.lm.context import make_ctx
+
+    prog = Program()
+    m = memo.SpanMemo(prog, make_ctx(spec, make_workload(model="gpt2", batch=1, seq=128)))
+    calls: list[int] = []
+
+    def run() -> tuple[list[int], Any]:
+        calls.append(1)
+        prog.set_phase("forward")
+        h = prog.alloc("activations", 4096)
+        prog.set_phase("load")
+        return [h], None
+
+    m.call("k", (), run)
+    m.call("k", (), run)
+    assert calls == [1, 1]
+    assert prog.phase_peaks["forward"] == 4096 and prog.phase == "load"

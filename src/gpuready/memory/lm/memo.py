@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from itertools import pairwise
 from typing import Any
 
 from gpuready.memory.lm.autograd import Saved, block_backward
@@ -41,10 +40,7 @@ class _Span:
     categories: list[str]
     result: list[tuple[bool, int]]  # (own handle?, offset from the first handle / index into the inputs); 0 stays 0
     payload: Any  # what else run() returned, handed back as it is
-    # the span cut where it switched phase: (the phase switched to, or None for the first piece; first and last event;
-    # first and last handle, counted from the span's first; the running total's moves over the piece: the inputs'
-    # sizes are part of the key)
-    pieces: list[tuple[str | None, int, int, int, int, SpanShape]]
+    shape: SpanShape  # the running total's moves over the span (the inputs' sizes are part of the key)
 
 
 ENABLED = True  # False: every span runs (tests/memory/test_memo.py builds programs both ways)
@@ -92,24 +88,18 @@ class SpanMemo:
         events = [ev if ev > 0 else ev - shift for ev in span.events]
         for pos, index in span.inputs:
             events[pos] = -inputs[index]
-        if len(span.pieces) == 1:
-            prog.append_span(events, span.sizes, span.categories, span.pieces[0][5])
-        else:
-            for phase, lo, hi, h_lo, h_hi, shape in span.pieces:
-                if phase is not None:
-                    prog.set_phase(phase)
-                prog.append_span(events[lo:hi], span.sizes[h_lo:h_hi], span.categories[h_lo:h_hi], shape)
+        prog.append_span(events, span.sizes, span.categories, span.shape)
         return [(first + v if own else inputs[v]) if v >= 0 else 0 for own, v in span.result], span.payload
 
     def _record(self, key: Hashable, inputs: Sequence[int], run: Run) -> tuple[list[int], Any]:
         prog = self.prog
         first = len(prog.sizes)
         start = len(prog.events)
-        switches: list[tuple[str, int, int]] = []  # (phase, events and handles made before the switch)
+        switches: list[str] = []  # a span's totals are one phase's: one that switches phase is not recorded
         set_phase = prog.set_phase
 
         def switch(name: str) -> None:
-            switches.append((name, len(prog.events) - start, len(prog.sizes) - first))
+            switches.append(name)
             set_phase(name)
 
         prog.set_phase = switch  # type: ignore[method-assign]
@@ -119,7 +109,7 @@ class SpanMemo:
             del prog.set_phase
         result = made[0]
         where = {h: i for i, h in enumerate(inputs) if h}
-        if len(where) != len([h for h in inputs if h]):
+        if switches or len(where) != len([h for h in inputs if h]):
             self.spans[key] = None  # an input given twice: the correspondence would be ambiguous
             return made
         made_events = prog.events[start:]
@@ -145,15 +135,8 @@ class SpanMemo:
                 self.spans[key] = None
                 return made
         sizes = prog.sizes
-        freed = [0 if ev > 0 else sizes[-ev] for ev in made_events]
-        bounds = [(None, 0, 0), *switches, (None, len(made_events), len(sizes) - first)]
-        pieces = [
-            (phase, lo, hi, h_lo, h_hi, span_shape(made_events[lo:hi], freed[lo:hi]))
-            for (phase, lo, h_lo), (_, hi, h_hi) in pairwise(bounds)
-        ]
-        self.spans[key] = _Span(
-            events, from_inputs, prog.sizes[first:], prog.categories[first:], coded, made[1], pieces
-        )
+        shape = span_shape(made_events, [0 if ev > 0 else sizes[-ev] for ev in made_events])
+        self.spans[key] = _Span(events, from_inputs, prog.sizes[first:], prog.categories[first:], coded, made[1], shape)
         return made
 
     def _record_ops(self, key: Hashable, inputs: Sequence[int], run: Run) -> tuple[list[int], Any]:
@@ -165,7 +148,12 @@ class SpanMemo:
         made = run()
         where = {h: i for i, h in enumerate(inputs) if h}
         ops = rec.ops[start:]
-        if len(where) != len([h for h in inputs if h]) or any(-first < op < 0 and -op not in where for op in ops):
+        switched = len(rec.phases) != marks  # (one phase per span, as in _record)
+        if (
+            switched
+            or len(where) != len([h for h in inputs if h])
+            or any(-first < op < 0 and -op not in where for op in ops)
+        ):
             self.spans[key] = None
             return made
         shift = first - 1
@@ -177,16 +165,15 @@ class SpanMemo:
                 self.spans[key] = None
                 return made
             result.append((True, -1) if not h else (True, h - first) if h >= first else (False, where[h]))
-        phases = [(at - start, name) for at, name in rec.phases[marks:]]
         self.spans[key] = _RecSpan(
-            coded, from_inputs, rec.a[first:], rec.c[first:], self.prog.categories[first:], phases, result, made[1]
+            coded, from_inputs, rec.a[first:], rec.c[first:], self.prog.categories[first:], result, made[1]
         )
         return made
 
     def _write_ops(self, span: _RecSpan, inputs: Sequence[int]) -> tuple[list[int], Any]:
         rec = self.rec
         assert rec is not None
-        first, start = len(rec.a), len(rec.ops)
+        first = len(rec.a)
         shift = first - 1
         ops = [op + shift if op > 0 else op - shift for op in span.ops]
         for pos, index in span.inputs:
@@ -195,9 +182,6 @@ class SpanMemo:
         rec.a.extend(span.a)
         rec.c.extend(span.c)
         self.prog.categories.extend(span.categories)
-        for at, name in span.phases:
-            rec.phases.append((start + at, name))
-            self.prog.phase = name
         return [(first + v if own else inputs[v]) if v >= 0 else 0 for own, v in span.result], span.payload
 
 
@@ -210,7 +194,6 @@ class _RecSpan:
     a: list[int]
     c: list[int]
     categories: list[str]
-    phases: list[tuple[int, str]]  # (ops of the span before the switch, phase)
     result: list[tuple[bool, int]]
     payload: Any
 
