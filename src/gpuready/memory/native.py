@@ -60,18 +60,20 @@ def instantiate(
     out = Instantiated(len(ops), len(a), nphases)
     figures = array("q", bytes(24))
 
-    def addr(buf: array[int]) -> int:
-        return buf.buffer_info()[0] if len(buf) else 0
-
     rc = _lib[0].gr_instantiate(
-        addr(ops), len(ops), addr(a), addr(c), len(a), batch, addr(mark_at), addr(mark_phase), len(mark_at),
-        load_phase, addr(out.events), addr(out.sizes), addr(out.phase_peak), addr(out.phase_peak_event),
-        addr(out.phase_first), addr(figures),
+        _addr(ops), len(ops), _addr(a), _addr(c), len(a), batch, _addr(mark_at), _addr(mark_phase), len(mark_at),
+        load_phase, _addr(out.events), _addr(out.sizes), _addr(out.phase_peak), _addr(out.phase_peak_event),
+        _addr(out.phase_first), _addr(figures),
     )  # fmt: skip
     if rc:
         raise ValueError(f"template ops name a handle the template does not have ({ERRORS.get(rc, rc)})")
     out.allocated, out.peak, out.largest = figures.tolist()
     return out
+
+
+def _addr(buf: array[int]) -> int:
+    """The address of an int64 array's data for the C functions (0 for an empty one)."""
+    return buf.buffer_info()[0] if len(buf) else 0
 
 
 def cache_dir() -> Path:
@@ -149,8 +151,7 @@ def _load(path: Path) -> NativeReplay:
     def run(events: Sequence[int], capacity_bytes: int) -> tuple[int, list[int]]:
         evs = events if isinstance(events, array) and events.typecode == "q" else array("q", events)
         out = array("q", bytes(8 * STATS))
-        ev_addr = evs.buffer_info()[0] if len(evs) else 0
-        rc = fn(ev_addr, len(evs), capacity_bytes, out.buffer_info()[0])
+        rc = fn(_addr(evs), len(evs), capacity_bytes, _addr(out))
         return rc, out.tolist()
 
     return run
@@ -179,10 +180,7 @@ def live_by_code(events: array[int], end: int, codes: array[int], sizes: array[i
         return None
     out = array("q", bytes(8 * ncodes))
 
-    def addr(buf: array[int]) -> int:
-        return buf.buffer_info()[0] if len(buf) else 0
-
-    rc = _lib[0].gr_live(addr(events), min(end, len(events)), addr(codes), addr(sizes), len(sizes), addr(out))
+    rc = _lib[0].gr_live(_addr(events), min(end, len(events)), _addr(codes), _addr(sizes), len(sizes), _addr(out))
     if rc:
         raise ValueError("events name a handle the program does not have")
     return out.tolist()

@@ -198,6 +198,11 @@ class _RecSpan:
     payload: Any
 
 
+def _renumbered(saved: list[Saved], handles: list[int]) -> list[Saved]:
+    """A recorded layer's saved nodes on the handles written out for this call."""
+    return [Saved(h, s.grad_bytes, s.param_grads, s.transient) for s, h in zip(saved, handles, strict=True)]
+
+
 def _value_key(x: Any) -> Hashable:
     """A size given to a layer function as a memo key part (a Batch by its coefficients)."""
     if isinstance(x, Batch):
@@ -224,7 +229,7 @@ def layer_forward(
     handles, (saved, n) = memo.call(("forward", keep, given, layer_kind(ctx.spec, layer)), (), run)
     if residual_out is not None:
         residual_out.extend(handles[n:])
-    return [Saved(h, s.grad_bytes, s.param_grads, s.transient) for s, h in zip(saved, handles[:n], strict=True)]
+    return _renumbered(saved, handles[:n])
 
 
 def lora_layer_forward(
@@ -251,7 +256,7 @@ def lora_layer_forward(
     n = len(saved)
     residual_out.extend(handles[n : n + n_out])
     named.update(zip(keys, handles[n + n_out :], strict=True))
-    return [Saved(h, s.grad_bytes, s.param_grads, s.transient) for s, h in zip(saved, handles[:n], strict=True)]
+    return _renumbered(saved, handles[:n])
 
 
 def lora_layer_backward(
