@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import threading
 from array import array
-from dataclasses import dataclass, field
+from collections.abc import MutableSequence
+from dataclasses import dataclass, field, fields
 from itertools import accumulate
 
 from gpuready.memory import native
@@ -59,9 +60,10 @@ HOOKS = threading.local()
 class Program:
     """Ordered allocations and frees with a running total. Sizes are rounded as the allocator rounds them."""
 
-    # allocator.replay's encoding: +size allocates and takes the next id (1, 2, ...), -id frees that id
-    events: list[int] = field(default_factory=list)
-    sizes: list[int] = field(default_factory=lambda: [0])  # handle -> rounded bytes (handle 0: nothing)
+    # allocator.replay's encoding: +size allocates and takes the next id (1, 2, ...), -id frees that id. A program
+    # a batch template writes out (memory/template.py) keeps both as the int64 arrays the compiled loops made.
+    events: MutableSequence[int] = field(default_factory=list)
+    sizes: MutableSequence[int] = field(default_factory=lambda: [0])  # handle -> rounded bytes (handle 0: nothing)
     categories: list[str] = field(default_factory=lambda: [""])  # handle -> component
     allocated: int = 0
     peak_allocated: int = 0
@@ -85,6 +87,21 @@ class Program:
         hook = getattr(HOOKS, "on_new", None)
         if hook is not None:
             hook(self)
+
+    def __eq__(self, other: object) -> bool:
+        """Field for field, the events and sizes by value (a list and an int64 array of the same numbers are the
+        same program)."""
+        if not isinstance(other, Program):
+            return NotImplemented
+        for f in fields(self):
+            if not f.compare:
+                continue
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, array) or isinstance(theirs, array):
+                mine, theirs = list(mine), list(theirs)
+            if mine != theirs:
+                return False
+        return True
 
     def set_phase(self, name: str) -> None:
         self.phase = name
@@ -169,12 +186,14 @@ class Program:
     def size_of(self, handle: int) -> int:
         return self.sizes[handle]
 
-    def replay_events(self) -> list[int] | array[int]:
+    def replay_events(self) -> MutableSequence[int]:
         """The events in the form the allocator replay takes fastest: int64 for the compiled one, else the list."""
         return self.event_array() if native.replay_function() is not None else self.events
 
     def event_array(self) -> array[int]:
         """The events as int64 (for the compiled replay and breakdown; made once, after the program is built)."""
+        if isinstance(self.events, array):
+            return self.events
         made = self._arrays.get("events")
         if made is None or len(made) != len(self.events):
             made = self._arrays["events"] = array("q", self.events)
@@ -195,7 +214,7 @@ class Program:
         end = self.phase_peak_events.get(phase, 0)
         if len(self.sizes) > 1000:  # (below that the Python loop is as quick)
             names, codes = self.category_codes()
-            sizes = self._arrays.get("sizes")
+            sizes = self.sizes if isinstance(self.sizes, array) else self._arrays.get("sizes")
             if sizes is None or len(sizes) != len(self.sizes):
                 sizes = self._arrays["sizes"] = array("q", self.sizes)
             live = native.live_by_code(self.event_array(), end, codes, sizes, len(names))

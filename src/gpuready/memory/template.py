@@ -239,13 +239,12 @@ class Template:
         if made is None:
             return self._instantiate_python(batch)
         prog = Program(
-            sizes=made.sizes.tolist(),
+            sizes=made.sizes,
             categories=list(self.categories),
             streams=dict(self.streams),
             cached_outside_bytes=self.cached_outside_bytes,
         )
-        prog.events = made.events.tolist()
-        prog._arrays["events"], prog._arrays["sizes"] = made.events, made.sizes
+        prog.events = made.events  # (int64 arrays: the replay and the breakdown read them as they are)
         prog._names, prog._arrays["codes"] = self._codes
         # the phases in the order their peaks were first set, as the Python loop's dicts list them
         order = sorted((first, i) for i, first in enumerate(made.phase_first) if made.phase_peak[i] >= 0)

@@ -112,7 +112,7 @@ class SpanMemo:
         if switches or len(where) != len([h for h in inputs if h]):
             self.spans[key] = None  # an input given twice: the correspondence would be ambiguous
             return made
-        made_events = prog.events[start:]
+        made_events = list(prog.events[start:])
         shift = first - 1
         # own frees renumbered from the span's first handle; an input's free is filled in when written out
         events = [ev if ev > 0 else (ev + shift if -ev >= first else 0) for ev in made_events]
@@ -136,7 +136,9 @@ class SpanMemo:
                 return made
         sizes = prog.sizes
         shape = span_shape(made_events, [0 if ev > 0 else sizes[-ev] for ev in made_events])
-        self.spans[key] = _Span(events, from_inputs, prog.sizes[first:], prog.categories[first:], coded, made[1], shape)
+        self.spans[key] = _Span(
+            events, from_inputs, list(prog.sizes[first:]), prog.categories[first:], coded, made[1], shape
+        )
         return made
 
     def _record_ops(self, key: Hashable, inputs: Sequence[int], run: Run) -> tuple[list[int], Any]:
