@@ -8,7 +8,8 @@ How a job is measured follows ../shared/calibration/README.md exactly, so the pr
 h200.jsonl: the model is built from its config directly on the GPU in the workload's dtype (random weights;
 memory does not depend on the values), random token ids, `loss = model(input_ids=ids, labels=ids,
 use_cache=False).loss; loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)`, 3 steps (4 for vision),
-AdamW(lr=1e-5) with its defaults or SGD(momentum=0.9); `mixed` = fp32 model under bf16 autocast.
+AdamW(lr=1e-5) with its defaults or SGD(momentum=0.9); `mixed` = fp32 model under bf16 autocast. QLoRA's base
+model is made 4-bit as from_pretrained with bitsandbytes makes it (trial/qlora.py).
 Peaks are torch.cuda.max_memory_allocated/reserved over the whole run; device overhead = NVML used − reserved
 at the end of the run (CUDA context, cuBLAS/cuDNN workspaces).
 """
@@ -69,18 +70,29 @@ def _build_lm(torch: Any, spec: dict[str, Any]) -> Any:
     w = spec["workload"]
     attn = {"sdpa": "sdpa", "eager": "eager", "flash": "flash_attention_2"}[w["attn"]]
     dtype = _dtype(torch, w["precision"])
+    four_bit = w["method"] == "qlora"
+    if four_bit:
+        try:
+            import bitsandbytes  # type: ignore[import-not-found,unused-ignore]  # noqa: F401
+        except ImportError as exc:
+            raise ProbeSkip("--method qlora needs bitsandbytes, which is not installed here") from exc
+        from gpuready.trial import qlora
     if spec.get("weights_path"):
+        extra = {"quantization_config": qlora.bnb_config(torch, dtype)} if four_bit else {}
         return AutoModelForCausalLM.from_pretrained(
             spec["weights_path"],
             dtype=dtype,
             attn_implementation=attn,
             device_map={"": torch.cuda.current_device()},
+            **extra,
         )
     config = dict(spec["config"])
     model_type = config.pop("model_type")
     if model_type == "gpt_oss":
         attn = "eager"  # transformers has no SDPA path for gpt-oss's attention sinks
     cfg = AutoConfig.for_model(model_type, **config)
+    if four_bit:
+        return qlora.build_from_config(torch, cfg, dtype, attn)
     with torch.device("cuda"):
         return AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attn)  # type: ignore[no-untyped-call]
 
@@ -138,12 +150,6 @@ def _vision_loss(torch: Any, model: Any, x: Any, y: Any, spec: dict[str, Any]) -
 
 def _apply_lora(model: Any, spec: dict[str, Any]) -> Any:
     w = spec["workload"]
-    if w["method"] == "qlora":
-        try:
-            import bitsandbytes  # type: ignore[import-not-found,unused-ignore]  # noqa: F401
-        except ImportError as exc:
-            raise ProbeSkip("--method qlora needs bitsandbytes, which is not installed here") from exc
-        raise ProbeSkip("--method qlora: measuring 4-bit base weights from a config is not implemented yet")
     from peft import LoraConfig, get_peft_model
 
     targets = list(w.get("lora_targets") or spec.get("lora_targets") or DEFAULT_LORA_TARGETS)
