@@ -363,9 +363,11 @@ def test_fsdp_and_qlora_components_appear_at_their_peaks() -> None:
         assert fsdp.breakdown[part] > 0, part
     forward = est(model="llama-3.2-1b", batch=4, seq=2048, gpus=2, shard="fsdp")
     assert forward.breakdown["fsdp_all_gather_buffers"] > 0
-    # QLoRA at a short sequence peaks while a linear's NF4 weight is dequantized for its matmul
+    # QLoRA at a short sequence peaks while a linear's NF4 weight is dequantized for its matmul: the largest (the
+    # MLP's 14336 x 4096) in bf16 and its blocks' absmax dequantized and offset in fp32 (lm/nf4.py)
     qlora = est(model="llama-3.1-8b", method="qlora", batch=1, seq=64)
-    assert qlora.breakdown["quantization_temporaries"] == 14336 * 4096 * 2
+    n = 14336 * 4096
+    assert qlora.breakdown["quantization_temporaries"] == n * 2 + 2 * (n // 64) * 4
 
 
 TRIAL_RUNS = Path(__file__).resolve().parents[2] / "docs" / "trial" / "gpu_runs"

@@ -60,6 +60,11 @@ def build_from_config(torch: Any, cfg: Any, dtype: Any, attn: str) -> Any:
                         device="meta",
                     ),
                 )
+    if getattr(model.config, "tie_word_embeddings", False):
+        # tied before any storage is made, as from_pretrained ties them: the output head is the embedding
+        head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+        if head is not None and embed is not None:
+            head.weight = embed.weight
     device = torch.device("cuda", torch.cuda.current_device())
     made: dict[int, Any] = {}  # a tied parameter (one object under two names) is made once
     for module in model.modules():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gpuready.memory.lm import nf4
 from gpuready.memory.lm.autograd import Layer, Saved
 from gpuready.memory.lm.context import GEMMA_NORMS, Ctx
 from gpuready.memory.lm.ops import rms_norm_frozen, rms_norm_start, rope
@@ -11,13 +12,14 @@ from gpuready.memory.program import Program
 def recorded_layer_order(ctx: Ctx, layer: int) -> bool:
     """Whether this layer's forward can follow the order recorded on the GPU (plain_block_forward): a plain
     decoder layer (RMSNorm, separate or fused q/k/v, gated MLP, flash, memory-efficient or fp32 math attention
-    without repeated K/V) trained in 16 bits (full or LoRA) or fp32 (full); Gemma-2's four norms in 16 bits."""
+    without repeated K/V) trained in 16 bits (full, LoRA or QLoRA) or fp32 (full); Gemma-2's four norms in 16
+    bits."""
     spec, lins = ctx.spec, {lin.name for lin in ctx.spec.block_linears}
     attn = {"q_proj", "k_proj", "v_proj"} <= lins or "qkv_proj" in lins
     mlp = {"gate_proj", "up_proj"} <= lins or "gate_up_proj" in lins
     expanded = ctx.backend == "efficient" and ctx.mask and spec.kv_heads < spec.heads
     return (
-        ctx.w.method in ("lora", "full")
+        ctx.w.method in ("lora", "qlora", "full")
         and (ctx.dt.act == 2 or (ctx.dt.act == 4 and ctx.full))
         and not ctx.dt.autocast
         and spec.norm == "rms"
@@ -69,6 +71,7 @@ def plain_block_forward(
     e, r, rank = dt.act, dt.resid, ctx.w.lora_r
     full = ctx.full
     fp32 = e == 4
+    quantized = ctx.w.method == "qlora"
     all_lins = {lin.name: lin for lin in spec.block_linears}
     lins = set(all_lins)
     layer_ = Layer(prog, keep)
@@ -132,13 +135,20 @@ def plain_block_forward(
             lin = all_lins[name]
             layer_.weight_grad(lin.in_features * lin.out_features * lin.count * dt.param)
 
+    def base_output(name: str, out: int) -> int:
+        """The frozen or trained linear's own output (QLoRA: with its weight dequantized around it, nf4.py)."""
+        if quantized:
+            lin = all_lins[name]
+            return nf4.forward_output(prog, lin.in_features * lin.out_features, e, T * out * e)
+        return alloc(T * out * e)
+
     def project(name: str, width: int, out: int, stop: bool = False) -> int:
         """The linear's output handle (T x out in the activation dtype); with `stop`, 0 once lora_A has run (the
         recompute's early stop)."""
         weight_grad(name)
         if name not in ctx.lora:
-            return alloc(T * out * e)
-        base = alloc(T * out * e)
+            return base_output(name, out)
+        base = base_output(name, out)
         save(T * width * 4, 0, transient=(T * out * 4, T * width * 4))  # x in fp32, kept by lora_A
         names[name + ".x32"] = last_kept()
         save(T * rank * 4)  # lora_A's output, kept by lora_B

@@ -1,7 +1,8 @@
 """A LoRA layer's backward (and, under checkpointing, its recompute's early stop) in the order recorded H200
 allocator histories show it: docs/calibration/histories/qwen3_8b_lora_ckpt_s2048_b5_cap40.json.gz (qwen3-8b, peft
 LoRA r16 on every linear, non-reentrant checkpointing, 5 x 2048 tokens) and lora_qwen3b_s1024_b2_cap24.json.gz
-(qwen2.5-3b, no checkpointing, 2 x 1024; torch 2.11, transformers 5.17, peft 0.21).
+(qwen2.5-3b, no checkpointing, 2 x 1024; torch 2.11, transformers 5.17, peft 0.21). QLoRA's layers run the same
+way with the 4-bit weight dequantized for each matmul (nf4.py: qlora_llama8b_b1_s2048, qlora_qwen3_4b_ckpt_b8_s2048).
 
 What the records show, and the code it follows:
 
@@ -26,6 +27,7 @@ What the records show, and the code it follows:
 
 from __future__ import annotations
 
+from gpuready.memory.lm import nf4
 from gpuready.memory.lm.blocks_recorded import recorded_layer_order
 from gpuready.memory.lm.context import GEMMA_NORMS, Ctx, layer_lora
 from gpuready.memory.lm.ops import flash_backward_workspace_bytes, norm_backward_frozen
@@ -41,7 +43,7 @@ def lora_recorded(ctx: Ctx, layer: int) -> bool:
     lins = {lin.name for lin in spec.block_linears}
     return (
         recorded_layer_order(ctx, layer)
-        and ctx.w.method == "lora"
+        and ctx.w.method in ("lora", "qlora")
         and not ctx.full
         and ctx.dt.act == 2
         and ctx.dt.resid == 2
@@ -69,6 +71,7 @@ class LoraBackward:
         self.prog, self.ctx, self.kept, self.grads, self.accumulate = prog, ctx, kept, grads, accumulate
         self.T, self.e = ctx.tokens, ctx.dt.act
         self.widths = {lin.name: (lin.in_features, lin.out_features) for lin in ctx.spec.block_linears}
+        self.quantized = ctx.w.method == "qlora"
 
     def _weight_grad(self, nbytes: int) -> None:
         handle = self.prog.alloc("gradients", nbytes)
@@ -111,7 +114,10 @@ class LoraBackward:
         gx = prog.alloc("activations", T * width * e)
         prog.free(gx32)
         buf = self._add(buf, gx)
-        gbase = prog.alloc("activations", T * width * e)
+        if self.quantized:  # the 4-bit weight dequantized for the input gradient (nf4.py)
+            gbase = nf4.input_grad(prog, width * out, e, T * width * e)
+        else:
+            gbase = prog.alloc("activations", T * width * e)
         prog.free(base)
         return self._add(buf, gbase)
 

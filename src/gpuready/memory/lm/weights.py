@@ -4,21 +4,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuready.memory.lm import nf4
 from gpuready.memory.lm.context import Ctx, layer_linears, layer_lora
 from gpuready.memory.lm.moe import expert_adapter_numels
 from gpuready.memory.optimizer import Trainable
 from gpuready.memory.program import Program
 from gpuready.models.spec import Linear
 
-# QLoRA: NF4 weights are 4 bits; double quantization stores 8-bit absmax per 64 weights plus an fp32 per 256
-# blocks: 8/64 + 32/(64*256) = 0.127 bits/param (Dettmers et al. 2023, QLoRA, section 3).
-NF4_BYTES_PER_PARAM = 0.5 + 0.127 / 8
-
 
 def _linear_weight_bytes(ctx: Ctx, lin: Linear) -> int:
+    """A linear weight's bytes on the GPU: QLoRA's NF4 codes with their double-quantized state (about 4.127 bits
+    a parameter, Dettmers et al. 2023, QLoRA, section 3; nf4.kept_bytes), else the parameter dtype's."""
     n = lin.in_features * lin.out_features * lin.count
     if ctx.w.method == "qlora":
-        return int(n * NF4_BYTES_PER_PARAM)
+        return nf4.kept_bytes(n)
     return n * ctx.dt.param
 
 
@@ -63,9 +62,13 @@ def load_weights(prog: Program, ctx: Ctx, whole_first: bool = True) -> Weights:
     # dtype (tuners_utils._move_adapter_to_device_of_base_layer), lora_A then lora_B module by module, then each
     # cast to fp32 in the same order (cast_adapter_dtype: the fp32 copy made, the moved one freed). The recorded
     # H200 history lora_qwen7b_s2048_b3_cap80 shows both passes after the last weight (benchmarks/allocator_check.py
-    # --job). Under FSDP and QLoRA the adapters stay where the parameters are built (not recorded).
+    # --job); QLoRA's (qlora_llama8b_b1_s2048) the same. Under FSDP the adapters stay where the parameters are built
+    # (not recorded).
     deferred: list[int] = []  # the adapters' numels, in peft's order
-    defer = n == 1 and ctx.w.method == "lora"
+    defer = n == 1 and ctx.w.method in ("lora", "qlora")
+    # QLoRA's base model as from_pretrained with bitsandbytes loads it: each linear weight made in the parameter
+    # dtype and quantized at once (nf4.load); the output head is tied before any weight is made (no spare head)
+    quantize = n == 1 and ctx.w.method == "qlora"
 
     def param(nbytes: int, numel: int, trains: bool, cat: str = "weights") -> None:
         units[unit].append(nbytes)
@@ -89,7 +92,11 @@ def load_weights(prog: Program, ctx: Ctx, whole_first: bool = True) -> Weights:
         adapted = layer_lora(ctx, layer)
         for lin in _fused_experts(layer_linears(spec, layer)):
             numel = lin.in_features * lin.out_features * lin.count
-            param(_linear_weight_bytes(ctx, lin), numel, ctx.full)
+            if quantize and lin.count == 1:  # (an MoE layer's fused experts: not recorded, sized as before)
+                units[unit].append(_linear_weight_bytes(ctx, lin))
+                nf4.load(prog, numel, p)
+            else:
+                param(_linear_weight_bytes(ctx, lin), numel, ctx.full)
             cast_bytes += numel * 2
             if lin.bias:
                 param(lin.out_features * lin.count * p, lin.out_features * lin.count, ctx.full)
@@ -114,7 +121,7 @@ def load_weights(prog: Program, ctx: Ctx, whole_first: bool = True) -> Weights:
     param(norm_numel * p, norm_numel, ctx.full)
     if not spec.tied:
         param(spec.vocab * h * p, spec.vocab * h, ctx.full)
-    else:
+    elif not quantize:
         # from_config builds lm_head with its own weight, then tie_weights() points it at the embedding and the
         # built one is freed: its block stays cached (every tied model's recorded H200 history shows it)
         prog.free(prog.alloc("weights", -(-spec.vocab * h * p // n) if meta else spec.vocab * h * p))
