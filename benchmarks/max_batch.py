@@ -288,7 +288,7 @@ def margins(cases: list[dict[str, Any]]) -> None:
     least_ran: float | None = None
     for case in cases:
         for which in ("ran", "failed"):
-            if not case[which]:
+            if not case[which] or int(case[which]) == 0:  # (none failed, or not even batch 1 ran)
                 continue
             w = workload_from_args(f"{case['job']} --batch {case[which]}")
             spec = resolve_model(w.model, w.as_family)

@@ -363,7 +363,11 @@ def assumptions(
                         "building W + BA (kept for backward); dense MLPs and shared experts not adapted"
                     )
             if w.method == "qlora":
-                out.append("QLoRA: NF4 weights with double quantization (bitsandbytes), 0.516 bytes/param")
+                out.append(
+                    "QLoRA: bitsandbytes NF4 with double quantization (0.516 bytes/param), each weight loaded in "
+                    f"{w.precision} and quantized, dequantized around every matmul; embeddings, norms and lm_head "
+                    "stay in that dtype (peft's prepare_model_for_kbit_training, which casts them to fp32, not applied)"
+                )
             if w.grad_ckpt:
                 out.append("gradient checkpointing: each layer's input kept, the layer recomputed in backward")
         elif w.new_tokens:
