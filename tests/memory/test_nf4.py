@@ -62,3 +62,23 @@ def test_qlora_weights_are_about_a_quarter_of_bf16() -> None:
     linear = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
     saved = lora.breakdown["weights"] - qlora.breakdown["weights"]
     assert saved == pytest.approx(linear * (2 - 0.516), rel=0.002)
+
+
+def test_moe_experts_stay_in_bf16_under_qlora() -> None:
+    # transformers 5 keeps routed experts as fused 3-D parameters, which bitsandbytes' 4-bit conversion skips: QLoRA
+    # saves only on the attention and shared-expert linears (count 1)
+    from gpuready.memory.lm.context import layer_linears
+    from gpuready.models import resolve_model
+
+    spec = resolve_model("qwen1.5-moe-a2.7b")
+    lora = estimate(make_workload(model="qwen1.5-moe-a2.7b", method="lora", batch=1, seq=64))
+    qlora = estimate(make_workload(model="qwen1.5-moe-a2.7b", method="qlora", batch=1, seq=64))
+    dense = [
+        lin.in_features * lin.out_features
+        for layer in range(spec.layers)
+        for lin in layer_linears(spec, layer)
+        if lin.count == 1
+    ]
+    assert any(lin.count > 1 for lin in layer_linears(spec, 0))  # (the routed experts are there)
+    saved = lora.breakdown["weights"] - qlora.breakdown["weights"]
+    assert saved == pytest.approx(sum(2 * n - nf4.kept_bytes(n) for n in dense), rel=0.01)

@@ -2,10 +2,11 @@
 
 The job measured is the usual QLoRA recipe: the base model loaded by `from_pretrained(...,
 quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-bnb_4bit_compute_dtype=<the job's dtype>))`, then peft's LoRA adapters. Every linear layer but the output head is
-bitsandbytes' Linear4bit (transformers keeps `lm_head` unquantized); the embeddings and norms stay in the compute
-dtype. peft's `prepare_model_for_kbit_training` (which casts those to fp32) is not applied, as the estimator does
-not model it (its assumptions say so).
+bnb_4bit_compute_dtype=<the job's dtype>))`, then peft's LoRA adapters. Every nn.Linear (and GPT-2's Conv1D) but the
+output head becomes bitsandbytes' Linear4bit, as transformers' `replace_with_bnb_linear` does; the embeddings, norms
+and an MoE layer's fused expert parameters (3-D nn.Parameters, not modules) stay in the compute dtype. peft's
+`prepare_model_for_kbit_training` (which casts those to fp32) is not applied, as the estimator does not model it
+(its assumptions say so).
 
 From a config there is no checkpoint to load, so `build_from_config` makes the same model the way from_pretrained
 fills it: the modules are made without storage (accelerate's `init_empty_weights`, buffers real), the linear layers
@@ -39,19 +40,22 @@ def build_from_config(torch: Any, cfg: Any, dtype: Any, attn: str) -> Any:
     import bitsandbytes as bnb  # type: ignore[import-not-found,unused-ignore]
     from accelerate import init_empty_weights  # type: ignore[import-untyped,import-not-found,unused-ignore]
     from transformers import AutoModelForCausalLM
+    from transformers.pytorch_utils import Conv1D
 
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attn)  # type: ignore[no-untyped-call,unused-ignore]
     for name, module in list(model.named_modules()):
         for child, sub in list(module.named_children()):
             full = f"{name}.{child}" if name else child
-            if type(sub) is torch.nn.Linear and full not in KEEP:
+            if (type(sub) is torch.nn.Linear or isinstance(sub, Conv1D)) and full not in KEEP:
+                # (GPT-2's Conv1D keeps its weight as in x out: nx inputs, nf outputs)
+                fan_in, fan_out = (sub.nx, sub.nf) if isinstance(sub, Conv1D) else (sub.in_features, sub.out_features)
                 setattr(
                     module,
                     child,
                     bnb.nn.Linear4bit(
-                        sub.in_features,
-                        sub.out_features,
+                        fan_in,
+                        fan_out,
                         bias=sub.bias is not None,
                         compute_dtype=dtype,
                         compress_statistics=True,

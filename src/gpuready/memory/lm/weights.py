@@ -14,9 +14,12 @@ from gpuready.models.spec import Linear
 
 def _linear_weight_bytes(ctx: Ctx, lin: Linear) -> int:
     """A linear weight's bytes on the GPU: QLoRA's NF4 codes with their double-quantized state (about 4.127 bits
-    a parameter, Dettmers et al. 2023, QLoRA, section 3; nf4.kept_bytes), else the parameter dtype's."""
+    a parameter, Dettmers et al. 2023, QLoRA, section 3; nf4.kept_bytes), else the parameter dtype's. An MoE
+    layer's routed experts (count > 1) stay in the parameter dtype under QLoRA too: transformers 5 keeps them as
+    fused 3-D parameters, not nn.Linear modules, and bitsandbytes' 4-bit conversion replaces nn.Linear modules only
+    (bitsandbytes issue #1849, open as of 2026-12)."""
     n = lin.in_features * lin.out_features * lin.count
-    if ctx.w.method == "qlora":
+    if ctx.w.method == "qlora" and lin.count == 1:
         return nf4.kept_bytes(n)
     return n * ctx.dt.param
 
@@ -92,7 +95,7 @@ def load_weights(prog: Program, ctx: Ctx, whole_first: bool = True) -> Weights:
         adapted = layer_lora(ctx, layer)
         for lin in _fused_experts(layer_linears(spec, layer)):
             numel = lin.in_features * lin.out_features * lin.count
-            if quantize and lin.count == 1:  # (an MoE layer's fused experts: not recorded, sized as before)
+            if quantize and lin.count == 1:  # (an MoE layer's fused experts are not quantized: _linear_weight_bytes)
                 units[unit].append(_linear_weight_bytes(ctx, lin))
                 nf4.load(prog, numel, p)
             else:
