@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from gpuready.memory.program import Program
@@ -17,6 +18,7 @@ BNB_MIN_8BIT = 4096
 class Trainable:
     numel: int
     elem_bytes: int
+    shape: tuple[int, ...] = ()  # the parameter's shape where known (Adafactor factors matrices by it)
 
     @property
     def nbytes(self) -> int:
@@ -49,23 +51,86 @@ def optimizer_step(prog: Program, optim: str, params: list[Trainable], state: li
                     else:
                         handles.append(prog.alloc("optimizer_states", 4 * p.numel))
     elif optim == "adafactor":
-        # transformers.optimization.Adafactor (beta1=None): factored second moment (a row and a column vector
-        # in fp32) for matrices, full fp32 for vectors; each step works on one parameter at a time in fp32
-        # (grad.float(), p.float(), update = grad**2 + eps): about three fp32 copies of the largest tensor.
-        if first:
-            for p in params:
-                handles.append(prog.alloc("optimizer_states", 4 * _factored(p.numel)))
-        largest = max((p.numel for p in params), default=0)
-        prog.transient("optimizer_temporaries", 4 * largest, 4 * largest, 4 * largest)
+        _adafactor_step(prog, params, first, handles)
     return handles
 
 
-def _factored(numel: int) -> int:
-    """Elements of Adafactor's factored second moment for a square-ish matrix of `numel` elements."""
-    if numel < 4096:
-        return numel
-    side = int(numel**0.5)
-    return 2 * side
+def _factors(p: Trainable) -> tuple[int, int] | None:
+    """The element counts of Adafactor's row and column statistics for `p` (None: a vector, whose second moment is
+    kept whole). A parameter of unknown shape is taken as a square matrix from 4,096 elements up."""
+    if len(p.shape) >= 2:
+        return p.numel // p.shape[-1], p.numel // p.shape[-2]
+    if p.shape or p.numel < 4096:
+        return None
+    side = math.isqrt(p.numel)
+    return side, side
+
+
+SCALAR = 4  # a 0-dim fp32 tensor (the allocator rounds it to 512 bytes)
+
+
+def _adafactor_step(prog: Program, params: list[Trainable], first: bool, state: list[int]) -> None:
+    """transformers.optimization.Adafactor.step as the HF Trainer builds it (beta1=None: no first moment), one
+    parameter at a time, tensor by tensor as its code makes them: the gradient and the parameter copied to fp32
+    when they are 16-bit; update = grad ** 2 + eps; the row and column statistics updated with the update's means
+    (created on the first step, fp32); update = r_factor * c_factor (a full-size product; a vector's own second
+    moment's rsqrt instead), times the gradient in place; its RMS clipped; -update added into the fp32 parameter,
+    copied back. The step's locals (the fp32 gradient and parameter, the update) live until the next parameter
+    rebinds them, and the RMS kept in the state (a 0-dim tensor) is replaced each step. `state` (the handles): on
+    the first step each parameter's row and column statistics or whole second moment are appended, then every
+    parameter's RMS; later steps replace the RMS handles (the last len(params))."""
+    alloc, free = prog.alloc, prog.free
+    stats: list[int] = []
+    rms_handles = [0] * len(params) if first else state[len(state) - len(params) :]
+    grad32 = p32 = update = 0
+    for i, p in enumerate(params):
+        n4 = 4 * p.numel
+        half = p.elem_bytes < 4
+        free(grad32)  # grad = p.grad rebinds it, then grad.float()
+        grad32 = alloc("optimizer_temporaries", n4) if half else 0
+        factors = _factors(p)
+        if first:
+            if factors is None:
+                stats.append(alloc("optimizer_states", n4))
+            else:
+                stats.append(alloc("optimizer_states", 4 * factors[0]))
+                stats.append(alloc("optimizer_states", 4 * factors[1]))
+        free(p32)
+        p32 = alloc("optimizer_temporaries", n4) if half else 0
+        # state["RMS"] = p32.norm(2) / sqrt(numel): the norm, the quotient (kept), the norm freed, the old RMS freed
+        norm = alloc("optimizer_temporaries", SCALAR)
+        rms = alloc("optimizer_states", SCALAR)
+        free(norm)
+        free(rms_handles[i])  # (handle 0 on the first step: nothing)
+        rms_handles[i] = rms
+        squared = alloc("optimizer_temporaries", n4)
+        plus_eps = alloc("optimizer_temporaries", n4)
+        free(squared)
+        free(update)  # the previous parameter's update, rebound
+        if factors is None:
+            product = alloc("optimizer_temporaries", n4)  # exp_avg_sq.rsqrt()
+        else:
+            rows, cols = factors
+            prog.transient("optimizer_temporaries", 4 * rows)  # update.mean(dim=-1), added into the row statistics
+            prog.transient("optimizer_temporaries", 4 * cols)  # update.mean(dim=-2)
+            mean = alloc("optimizer_temporaries", SCALAR)  # _approx_sq_grad: the rows' mean,
+            r_factor = alloc("optimizer_temporaries", 4 * rows)  # row / mean (rsqrt_ in place)
+            free(mean)
+            c_factor = alloc("optimizer_temporaries", 4 * cols)  # col.rsqrt()
+            product = alloc("optimizer_temporaries", n4)  # r_factor * c_factor
+            free(r_factor)
+            free(c_factor)
+        free(plus_eps)
+        update = product
+        prog.transient("optimizer_temporaries", SCALAR, SCALAR)  # the update's RMS over the clip threshold
+        prog.transient("optimizer_temporaries", n4)  # -update, added into the fp32 parameter
+    free(grad32)
+    free(p32)
+    free(update)
+    if first:
+        state.extend(stats + rms_handles)
+    else:
+        state[len(state) - len(params) :] = rms_handles
 
 
 def _dtype_groups(params: list[Trainable]) -> list[list[Trainable]]:

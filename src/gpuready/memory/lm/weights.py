@@ -73,20 +73,21 @@ def load_weights(prog: Program, ctx: Ctx, whole_first: bool = True) -> Weights:
     # dtype and quantized at once (nf4.load); the output head is tied before any weight is made (no spare head)
     quantize = n == 1 and ctx.w.method == "qlora"
 
-    def param(nbytes: int, numel: int, trains: bool, cat: str = "weights") -> None:
+    def param(nbytes: int, numel: int, trains: bool, cat: str = "weights", shape: tuple[int, ...] = ()) -> None:
+        """One parameter tensor (`shape` where known: the optimizer's states may depend on it)."""
         units[unit].append(nbytes)
         if defer and cat == "lora_adapters":
             deferred.append(numel)
-            trainable.append(Trainable(numel, 4))
+            trainable.append(Trainable(numel, 4, shape))
             return
         handles[unit].append(prog.alloc(cat, -(-nbytes // n) if meta else nbytes))
         if trains:
-            # FSDP keeps 1/n of every parameter (a DTensor shard) on each GPU
-            trainable.append(Trainable(-(-numel // n), p if cat == "weights" else 4))
+            # FSDP keeps 1/n of every parameter (a DTensor shard) on each GPU (its shape not tracked)
+            trainable.append(Trainable(-(-numel // n), p if cat == "weights" else 4, shape if n == 1 else ()))
 
-    param(spec.vocab * h * p, spec.vocab * h, ctx.full)
+    param(spec.vocab * h * p, spec.vocab * h, ctx.full, shape=(spec.vocab, h))
     if spec.learned_positions:
-        param(spec.learned_positions * h * p, spec.learned_positions * h, ctx.full)
+        param(spec.learned_positions * h * p, spec.learned_positions * h, ctx.full, shape=(spec.learned_positions, h))
     norm_numel = h * (2 if spec.norm == "layer" else 1)
     cast_bytes = 0
     for layer in range(spec.layers):
@@ -99,31 +100,34 @@ def load_weights(prog: Program, ctx: Ctx, whole_first: bool = True) -> Weights:
                 units[unit].append(_linear_weight_bytes(ctx, lin))
                 nf4.load(prog, numel, p)
             else:
-                param(_linear_weight_bytes(ctx, lin), numel, ctx.full)
+                shape: tuple[int, ...] = (lin.out_features, lin.in_features)
+                shape = (lin.count, *shape) if lin.count > 1 else shape
+                param(_linear_weight_bytes(ctx, lin), numel, ctx.full, shape=shape)
             cast_bytes += numel * 2
             if lin.bias:
-                param(lin.out_features * lin.count * p, lin.out_features * lin.count, ctx.full)
+                bias = (lin.count, lin.out_features) if lin.count > 1 else (lin.out_features,)
+                param(lin.out_features * lin.count * p, lin.out_features * lin.count, ctx.full, shape=bias)
             if lin.name in adapted:
                 r = ctx.w.lora_r
                 # peft creates adapters in fp32 (get_peft_model(autocast_adapter_dtype=True), peft >= 0.12)
-                param(r * lin.in_features * 4, r * lin.in_features, True, "lora_adapters")
-                param(lin.out_features * r * 4, lin.out_features * r, True, "lora_adapters")
+                param(r * lin.in_features * 4, r * lin.in_features, True, "lora_adapters", (r, lin.in_features))
+                param(lin.out_features * r * 4, lin.out_features * r, True, "lora_adapters", (lin.out_features, r))
         if spec.experts and not dense:
-            param(h * spec.experts * p, h * spec.experts, ctx.full)  # router
+            param(h * spec.experts * p, h * spec.experts, ctx.full, shape=(spec.experts, h))  # router
             for numel in expert_adapter_numels(spec, ctx.expert_lora):  # fp32, as peft casts every adapter
                 param(numel * 4, numel, True, "lora_adapters")
         for _ in range(spec.norms_per_layer):
-            param(norm_numel * p, norm_numel, ctx.full)
+            param(norm_numel * p, norm_numel, ctx.full, shape=(norm_numel,))
         if spec.qk_norm:
-            param(2 * spec.head_dim * p, 2 * spec.head_dim, ctx.full)
+            param(2 * spec.head_dim * p, 2 * spec.head_dim, ctx.full, shape=(2 * spec.head_dim,))
         if spec.mla:
-            param(spec.kv_lora_rank * p, spec.kv_lora_rank, ctx.full)
+            param(spec.kv_lora_rank * p, spec.kv_lora_rank, ctx.full, shape=(spec.kv_lora_rank,))
         for numel in spec.layer_extra_params:  # sinks, router bias, q_a_layernorm
             param(numel * p, numel, ctx.full)
     unit = spec.layers
-    param(norm_numel * p, norm_numel, ctx.full)
+    param(norm_numel * p, norm_numel, ctx.full, shape=(norm_numel,))
     if not spec.tied:
-        param(spec.vocab * h * p, spec.vocab * h, ctx.full)
+        param(spec.vocab * h * p, spec.vocab * h, ctx.full, shape=(spec.vocab, h))
     elif not quantize:
         # from_config builds lm_head with its own weight, then tie_weights() points it at the embedding and the
         # built one is freed: its block stays cached (every tied model's recorded H200 history shows it)
