@@ -205,3 +205,15 @@ def test_probe_builds_transformers_vision_models_and_trains_them_on_pixel_values
     unused = {"embeddings.mask_token", "dinov2.embeddings.mask_token"}  # DINOv2's, for masked pre-training only
     missing = [n for n, p in model.named_parameters() if p.grad is None and n not in unused]
     assert loss.ndim == 0 and not missing
+
+
+def test_qlora_without_bitsandbytes_is_a_skip_that_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the probe builds QLoRA's 4-bit model with bitsandbytes (trial/qlora.py); where it is missing the point is
+    # recorded as unsupported with the install command, not a crash
+    torch = pytest.importorskip("torch")
+    from gpuready.trial import probe
+
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # import bitsandbytes -> ImportError
+    spec = probe_spec(make_workload(model="qwen2.5-0.5b", method="qlora", batch=1, seq=64))
+    with pytest.raises(probe.ProbeSkip, match=r"pip install bitsandbytes"):
+        probe._build_lm(torch, spec)

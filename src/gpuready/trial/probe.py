@@ -31,6 +31,7 @@ from gpuready.models.vision import build_transformers_vision, is_transformers_vi
 # Steps per job as calibration/README.md measures them; GPUREADY_PROBE_STEPS overrides (timing studies).
 LM_STEPS = int(os.environ.get("GPUREADY_PROBE_STEPS", "3"))
 VISION_STEPS = int(os.environ.get("GPUREADY_PROBE_STEPS", "4"))
+NEEDS_BNB = "needs bitsandbytes, which is not installed here (pip install bitsandbytes)"
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -63,7 +64,7 @@ def _optimizer(torch: Any, optim: str, params: list[Any]) -> Any:
         try:
             import bitsandbytes as bnb  # type: ignore[import-not-found,unused-ignore]
         except ImportError as exc:
-            raise ProbeSkip("--optim adamw8bit needs bitsandbytes, which is not installed here") from exc
+            raise ProbeSkip(f"--optim adamw8bit {NEEDS_BNB}") from exc
         return bnb.optim.AdamW8bit(params, lr=1e-5)
     raise ProbeSkip(f"unknown optimizer {optim!r}")
 
@@ -79,7 +80,7 @@ def _build_lm(torch: Any, spec: dict[str, Any]) -> Any:
         try:
             import bitsandbytes  # type: ignore[import-not-found,unused-ignore]  # noqa: F401
         except ImportError as exc:
-            raise ProbeSkip("--method qlora needs bitsandbytes, which is not installed here") from exc
+            raise ProbeSkip(f"--method qlora {NEEDS_BNB}") from exc
         from gpuready.trial import qlora
     if spec.get("weights_path"):
         extra = {"quantization_config": qlora.bnb_config(torch, dtype)} if four_bit else {}
