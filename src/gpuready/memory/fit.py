@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from gpuready.memory.allocator import replay
 
 # Kept free below the limit where a measurement showed the replay under the limit alone promising a batch that
-# failed, by the kind of job, checked on the 74 emulated-card cases of docs/max_batch.md (24 held out: sets 8-11);
+# failed, by the kind of job, checked on the 78 emulated-card cases of docs/max_batch.md (28 held out: sets 8-12);
 # the allocator model itself is exact under a cap: replaying the GPU's own requests recorded under the cap (eleven
 # histories, rounds 9 and 10, with cache releases and failures) it reserves, releases and fails where the GPU did.
 #
@@ -61,7 +61,7 @@ MARGIN_SHARE_OF_LARGEST = {"lm": 0.0, "vit": 0.45, "conv": 1.0, "conv_infer": 1.
 MARGIN_SHARE_OF_LIMIT = {"lm": 0.0, "vit": 0.0, "conv": 0.0, "conv_infer": 0.47, "generate": 0.04}
 RELEASE_MARGIN_SHARE_OF_LARGEST = {"lm": 0.0, "vit": 0.0, "conv": 0.0, "conv_infer": 0.0, "generate": 0.0}
 MARGIN_NOTE = {
-    "lm": "no margin, with or without a cache release (measured: on the 74 emulated cards of docs/max_batch.md, 24 "
+    "lm": "no margin, with or without a cache release (measured: on the 78 emulated cards of docs/max_batch.md, 28 "
     "of them predicted before they ran, no batch that failed on the GPU completes in the replay under its limit; "
     "qwen3-8b LoRA + checkpointing at 5 x 2048 on a 40 GiB card fails on its 5.80 GiB logits in the replay as on "
     "the GPU)",
