@@ -53,9 +53,9 @@ static int grow(void **p, int64_t *cap, int64_t need, size_t item) {
     return 1;
 }
 
-/* the first position whose block has (size, addr) >= (size, addr) */
-static inline int64_t lower(const Pool *p, const Block *b, int64_t size, int64_t addr) {
-    int64_t lo = 0, hi = p->n;
+/* the first position below `hi` whose block has (size, addr) >= (size, addr) (hi itself when none) */
+static inline int64_t lower_below(const Pool *p, const Block *b, int64_t size, int64_t addr, int64_t hi) {
+    int64_t lo = 0;
     while (lo < hi) {
         int64_t mid = (lo + hi) >> 1;
         const Block *m = &b[p->e[mid]];
@@ -65,6 +65,11 @@ static inline int64_t lower(const Pool *p, const Block *b, int64_t size, int64_t
             hi = mid;
     }
     return lo;
+}
+
+/* the first position whose block has (size, addr) >= (size, addr) */
+static inline int64_t lower(const Pool *p, const Block *b, int64_t size, int64_t addr) {
+    return lower_below(p, b, size, addr, p->n);
 }
 
 static int pool_add(Pool *p, const Block *b, int32_t blk) {
@@ -122,9 +127,10 @@ int gr_replay(const int64_t *ev, int64_t n, int64_t cap, int64_t *out) {
             Pool *pool = &pools[small];
             int64_t j = lower(pool, bs.b, size, 0);
             int32_t blk;
+            int64_t taken = -1; /* the pool position of a cached block taken, left in place until the split */
             if (j < pool->n) {
                 blk = pool->e[j];
-                pool_delete_at(pool, j);
+                taken = j;
             } else {
                 int64_t seg;
                 if (small)
@@ -196,7 +202,18 @@ int gr_replay(const int64_t *ev, int64_t n, int64_t cap, int64_t *out) {
                 if (b->next >= 0) bs.b[b->next].prev = r;
                 b->next = r;
                 b->size = size;
-                if (!pool_add(pool, bs.b, r)) { rc = ERR_NOMEM; goto done; }
+                if (taken >= 0) {
+                    /* the remainder sorts before the block it was cut from (it is smaller): it takes that block's
+                     * position or one below it, the positions between moving up by one (one move, not two) */
+                    int64_t k = lower_below(pool, bs.b, rest->size, rest->addr, taken);
+                    memmove(&pool->e[k + 1], &pool->e[k], (size_t)(taken - k) * sizeof(int32_t));
+                    pool->e[k] = r;
+                } else if (!pool_add(pool, bs.b, r)) {
+                    rc = ERR_NOMEM;
+                    goto done;
+                }
+            } else if (taken >= 0) {
+                pool_delete_at(pool, taken);
             }
             b->allocated = 1;
             if (!grow((void **)&handle, &caphandle, nhandle + 1, sizeof(int32_t))) { rc = ERR_NOMEM; goto done; }
@@ -216,10 +233,42 @@ int gr_replay(const int64_t *ev, int64_t n, int64_t cap, int64_t *out) {
             Pool *pool = &pools[b->small];
             allocated -= b->size;
             b->allocated = 0;
-            if (b->prev >= 0 && !bs.b[b->prev].allocated) {
-                int32_t p = b->prev;
+            /* the free neighbours' pool positions, found while every key in the pool is still its block's own */
+            int32_t p = b->prev >= 0 && !bs.b[b->prev].allocated ? b->prev : -1;
+            int32_t nx = b->next >= 0 && !bs.b[b->next].allocated ? b->next : -1;
+            int64_t ip = p >= 0 ? lower(pool, bs.b, bs.b[p].size, bs.b[p].addr) : -1;
+            int64_t in = nx >= 0 ? lower(pool, bs.b, bs.b[nx].size, bs.b[nx].addr) : -1;
+            int64_t m_size = b->size + (p >= 0 ? bs.b[p].size : 0) + (nx >= 0 ? bs.b[nx].size : 0);
+            int64_t m_addr = p >= 0 ? bs.b[p].addr : b->addr;
+            /* the merged block's position: it is larger than either neighbour, so it sorts after both; the
+             * neighbours leave and the positions between move down (one or two moves instead of a removal per
+             * neighbour and an insertion) */
+            int64_t i1 = ip < in ? ip : in, i2 = ip < in ? in : ip; /* i1 <= i2; -1: none */
+            if (i2 >= 0) {
+                int64_t lo = i2 + 1, hi = pool->n;
+                while (lo < hi) {
+                    int64_t mid = (lo + hi) >> 1;
+                    const Block *m = &bs.b[pool->e[mid]];
+                    if (m->size < m_size || (m->size == m_size && m->addr < m_addr))
+                        lo = mid + 1;
+                    else
+                        hi = mid;
+                }
+                int64_t at = lo; /* the merged block goes before this position */
+                int32_t merged = p >= 0 ? p : blk;
+                if (i1 >= 0) {
+                    memmove(&pool->e[i1], &pool->e[i1 + 1], (size_t)(i2 - i1 - 1) * sizeof(int32_t));
+                    memmove(&pool->e[i2 - 1], &pool->e[i2 + 1], (size_t)(at - i2 - 1) * sizeof(int32_t));
+                    pool->e[at - 2] = merged;
+                    memmove(&pool->e[at - 1], &pool->e[at], (size_t)(pool->n - at) * sizeof(int32_t));
+                    pool->n--;
+                } else {
+                    memmove(&pool->e[i2], &pool->e[i2 + 1], (size_t)(at - i2 - 1) * sizeof(int32_t));
+                    pool->e[at - 1] = merged;
+                }
+            }
+            if (p >= 0) {
                 Block *pb = &bs.b[p];
-                pool_remove(pool, bs.b, p);
                 pb->size += b->size;
                 pb->next = b->next;
                 if (b->next >= 0) bs.b[b->next].prev = p;
@@ -227,16 +276,14 @@ int gr_replay(const int64_t *ev, int64_t n, int64_t cap, int64_t *out) {
                 blk = p;
                 b = pb;
             }
-            if (b->next >= 0 && !bs.b[b->next].allocated) {
-                int32_t nx = b->next;
+            if (nx >= 0) {
                 Block *nb = &bs.b[nx];
-                pool_remove(pool, bs.b, nx);
                 b->size += nb->size;
                 b->next = nb->next;
                 if (nb->next >= 0) bs.b[nb->next].prev = blk;
                 if (!drop_block(&bs, nx)) { rc = ERR_NOMEM; goto done; }
             }
-            if (!pool_add(pool, bs.b, blk)) { rc = ERR_NOMEM; goto done; }
+            if (i2 < 0 && !pool_add(pool, bs.b, blk)) { rc = ERR_NOMEM; goto done; }
         }
     }
 done:
