@@ -49,8 +49,18 @@ Kind = Literal["matmul", "attention", "memory", "comm"]
 Math = Literal["half", "tf32", "fp32"]
 
 # foreach optimizer passes over each trainable element (see module docstring)
-OPTIMIZER_PASSES = {"adamw": 20, "sgd": 8, "adamw8bit": 6, "adafactor": 12}
-OPTIMIZER_KERNELS = {"adamw": 10, "sgd": 4, "adamw8bit": 1, "adafactor": 12}
+OPTIMIZER_PASSES = {"adamw": 20, "sgd": 8, "adamw8bit": 6}
+OPTIMIZER_KERNELS = {"adamw": 10, "sgd": 4}
+# bitsandbytes' 8-bit optimizers update one parameter tensor per launch (optimizer_update_8bit_blockwise, or the
+# 32-bit update for tensors under 4,096 elements): reads the parameter, gradient and both 8-bit states, writes them
+PER_TENSOR_KERNELS = {"adamw8bit": 1}
+# transformers' Adafactor.step (transformers/optimization.py), parameter by parameter, counted for a matrix from its
+# code: grad.float(), p.float(), the RMS (norm, divide), grad ** 2, + eps, the two means and the row and column
+# statistics' mul_/add_, _approx_sq_grad (mean, divide, rsqrt_, rsqrt, the outer product), update * grad, the
+# update's RMS, clip and clamp, div_, * lr, -update, add_ into the fp32 parameter, copy_ back: 28 kernels, and
+# bytes per element: 102 for a 16-bit parameter (its fp32 copies made and written back), 84 for an fp32 one
+ADAFACTOR_KERNELS = 28
+ADAFACTOR_BYTES = {2: 102, 4: 84}
 # multi_tensor_apply launches one kernel per this many tensors (ATen/native/cuda/MultiTensorApply.cuh depth
 # 4 lists: 36 tensors per launch)
 FOREACH_TENSORS_PER_LAUNCH = 36
@@ -70,6 +80,9 @@ class Op:
     k: int = 0
     math: Math = "half"
     collective: str = ""  # comm ops: all_reduce, all_gather or reduce_scatter
+    # issued by the model's forward and backward, at eager PyTorch's host cost per op (steptime.py `host_s`); a
+    # loop of bare tensor ops outside any module (an optimizer's per-parameter step) costs its launches only
+    module_ops: bool = True
 
 
 def _gemm(
@@ -366,6 +379,8 @@ def lm_ops(spec: ModelSpec, w: Workload, *, tokens: int | None = None, training:
         )
         if lin.name in adapted:
             _lora(s, w, m, lin.in_features, lin.out_features, e, count, fwd)
+    if w.method == "qlora":
+        _dequantize(s, spec, e, fwd, training)
     # autocast's per-forward cast of fp32 weights to bf16 (read 4, write 2 bytes per weight)
     if dt.autocast:  # (an expert no token reached is not multiplied, so not cast)
         hit = expert_spread(spec, t)[0] if spec.experts else 0.0
@@ -513,6 +528,22 @@ def vision_ops(spec: ModelSpec, w: Workload, *, training: bool | None = None) ->
     return s.ops
 
 
+def _dequantize(s: _Steps, spec: ModelSpec, e: int, fwd: float, backward: bool) -> None:
+    """QLoRA: every 4-bit linear's weight dequantized for each matmul that reads it (bitsandbytes 0.50's
+    `_dequant_linear_fallback` in forward: the 8-bit absmax to fp32, plus its offset, then the NF4 codes to the
+    compute dtype, 3 kernels; MatMul4Bit.backward for the input gradient: the absmax and the codes, 2 kernels; the
+    recorded histories memory/lm/nf4.py follows). Bytes per weight element: forward reads the 8-bit absmax (1/64),
+    writes and reads the fp32 absmax twice (4/64 each way), reads the packed codes (1/2) and writes the weight (e);
+    backward the same less the offset pass. An MoE layer's fused experts are not 4-bit (memory/lm/weights.py)."""
+    dense = [lin for lin in spec.block_linears if lin.count == 1]
+    n = float(sum(lin.in_features * lin.out_features for lin in dense) * spec.layers)
+    count = len(dense) * spec.layers
+    absmax = 4.0 / 64
+    s.add(_mem("dequantize", n * (1 / 64 + 4 * absmax + 0.5 + e), 3 * count), fwd)
+    if backward:
+        s.add(_mem("dequantize", n * (1 / 64 + 2 * absmax + 0.5 + e), 2 * count))
+
+
 def param_tensors(spec: ModelSpec, w: Workload) -> int:
     """Trainable parameter tensors (the foreach optimizer launches kernels per group of them)."""
     if spec.kind == "vision":
@@ -542,8 +573,17 @@ def optimizer_ops(spec: ModelSpec, w: Workload, shards: int = 1) -> list[Op]:
     n = trainable_params(spec, w) / shards
     pb = dtypes_for(w).param
     tensors = param_tensors(spec, w)
-    launches = OPTIMIZER_KERNELS[w.optim] * max(1.0, tensors / FOREACH_TENSORS_PER_LAUNCH)
-    ops = [_mem("optimizer", n * pb * OPTIMIZER_PASSES[w.optim], launches)]
+    if w.optim == "adafactor":
+        # one parameter at a time; LoRA adapters and the fp32 master weights of mixed precision are fp32
+        eb = pb if w.method == "full" else 4
+        nbytes = n * ADAFACTOR_BYTES.get(eb, ADAFACTOR_BYTES[2])
+        ops = [Op("optimizer", "memory", 0.0, nbytes, ADAFACTOR_KERNELS * tensors, module_ops=False)]
+    elif w.optim in PER_TENSOR_KERNELS:
+        nbytes = n * pb * OPTIMIZER_PASSES[w.optim]
+        ops = [Op("optimizer", "memory", 0.0, nbytes, PER_TENSOR_KERNELS[w.optim] * tensors, module_ops=False)]
+    else:
+        launches = OPTIMIZER_KERNELS[w.optim] * max(1.0, tensors / FOREACH_TENSORS_PER_LAUNCH)
+        ops = [_mem("optimizer", n * pb * OPTIMIZER_PASSES[w.optim], launches)]
     if w.grad_accum > 1:  # each later micro-batch adds into .grad: read both, write one
         ops.append(_mem("optimizer", n * pb * 3 * (w.grad_accum - 1), tensors * (w.grad_accum - 1)))
     return ops

@@ -186,8 +186,10 @@ def _sum(ops: Iterable[Op], gpu: Gpu, eff: Efficiency, precision: str, notes: se
 
 
 def _host_bound(ops: Iterable[Op], eff: Efficiency, gpu_seconds: float) -> float:
-    """Seconds the device waits for the host: kernel launches times host_s beyond the device's own time."""
-    host = sum(op.kernels for op in ops if op.kind != "comm") * eff.host_s
+    """Seconds the device waits for the host: kernel launches times host_s (a loop of bare tensor ops, such as an
+    optimizer's per-parameter step, launch_s) beyond the device's own time."""
+    ops = [op for op in ops if op.kind != "comm"]
+    host = sum(op.kernels * (eff.host_s if op.module_ops else eff.launch_s) for op in ops)
     return max(0.0, host - gpu_seconds)
 
 
