@@ -275,3 +275,23 @@ def test_moe_lora_steps_measured_on_the_h200_are_predicted_within_a_third() -> N
     for w, seconds in moe:
         ratio = step_time(w, H200).seconds / seconds
         assert 0.75 < ratio < 1.33, (w.model, ratio)
+
+
+def test_qlora_dequantizes_and_per_parameter_optimizers_pay_their_launches() -> None:
+    from gpuready.models import resolve_model as _resolve
+    from gpuready.plan.ops import ADAFACTOR_KERNELS, optimizer_ops, param_tensors
+
+    eff = fitted()
+    # QLoRA: the 4-bit weights dequantized for every matmul that reads them, forward and input gradient
+    qlora = step_time(make_workload(model="llama-3.1-8b", method="qlora", batch=1, seq=2048), H200)
+    lora = step_time(make_workload(model="llama-3.1-8b", method="lora", batch=1, seq=2048), H200)
+    assert qlora.breakdown["dequantize"] > 0 and "dequantize" not in lora.breakdown
+    assert qlora.seconds > lora.seconds
+    # Adafactor steps parameter by parameter: its kernels are launched one by one from a Python loop, at launch_s
+    w = make_workload(model="qwen2.5-0.5b", optim="adafactor", batch=1, seq=256)
+    (op,) = optimizer_ops(_resolve("qwen2.5-0.5b"), w)
+    tensors = param_tensors(_resolve("qwen2.5-0.5b"), w)
+    assert op.kernels == ADAFACTOR_KERNELS * tensors and not op.module_ops
+    adamw = step_time(make_workload(model="qwen2.5-0.5b", batch=1, seq=256), H200)
+    adafactor = step_time(w, H200)
+    assert adafactor.seconds - adamw.seconds >= 0.9 * op.kernels * eff.launch_s
