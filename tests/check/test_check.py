@@ -34,6 +34,10 @@ def trial_ran(peak: int) -> Any:
     return run
 
 
+def installed(module: str) -> object:
+    return object()  # every package the job imports is installed
+
+
 def no_trial(*args: Any, **kwargs: Any) -> TrialResult:
     raise AssertionError("the trial must not run here")
 
@@ -58,6 +62,7 @@ def test_a_ready_gpu_that_holds_the_job_is_ready(tmp_path: Path) -> None:
         gpu_here=lambda: (80 * GIB, "NVIDIA A100 80GB"),
         run_doctor=doctor_says(True),
         run_trial=trial_ran(9 * GIB),
+        find_package=installed,
     )
     steps = {s.name: s for s in r.steps}
     assert steps["size"].status == "pass" and "NVIDIA A100 80GB" in steps["size"].summary
@@ -73,6 +78,7 @@ def test_a_job_that_does_not_fit_fails_with_what_would(tmp_path: Path) -> None:
         gpu_here=lambda: (24 * GIB, "NVIDIA RTX 4090"),
         run_doctor=doctor_says(True),
         run_trial=trial_ran(20 * GIB),
+        find_package=installed,
     )
     size = next(s for s in r.steps if s.name == "size")
     assert size.status == "fail" and r.ready is False
@@ -89,3 +95,50 @@ def test_cli_json_and_html(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert {"ready", "steps", "fixes"} <= set(data)
     assert all({"name", "status", "checks"} <= set(s) for s in data["steps"])
     assert "gpuready check" in page.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("fields", "missing", "fix"),
+    [
+        ({"method": "qlora"}, "bitsandbytes", "pip install bitsandbytes"),
+        ({"optim": "adamw8bit"}, "bitsandbytes", "pip install bitsandbytes"),
+        ({"attn": "flash"}, "flash_attn", "pip install flash-attn --no-build-isolation (or --attn sdpa)"),
+        ({"method": "lora"}, "peft", "pip install peft"),
+    ],
+)
+def test_a_package_the_job_imports_that_is_not_installed_fails_the_image(
+    tmp_path: Path, fields: dict[str, Any], missing: str, fix: str
+) -> None:
+    # the doctor finds the image ready, but the job's own options import a package that is not there: the
+    # image step fails with its install command and the trial does not run (it would stop on the ImportError)
+    w = make_workload(model="llama-3.2-1b", seq=1024, **fields)
+    r = check(
+        w,
+        path=tmp_path,
+        gpu_here=lambda: (80 * GIB, "NVIDIA A100 80GB"),
+        run_doctor=doctor_says(True),
+        run_trial=no_trial,
+        find_package=lambda module: None if module == missing else object(),
+    )
+    steps = {s.name: s for s in r.steps}
+    assert steps["image"].status == "fail" and missing.replace("_", "-") in steps["image"].summary
+    assert steps["trial"].status == "skip"
+    assert fix in r.fixes and r.ready is False
+
+
+def test_torchvision_models_need_torchvision_not_transformers(tmp_path: Path) -> None:
+    looked: list[str] = []
+
+    def find(module: str) -> object:
+        looked.append(module)
+        return object()
+
+    check(
+        make_workload(model="resnet50", batch=8),
+        path=tmp_path,
+        gpu_here=lambda: (80 * GIB, "NVIDIA A100 80GB"),
+        run_doctor=doctor_says(True),
+        run_trial=trial_ran(4 * GIB),
+        find_package=find,
+    )
+    assert looked == ["torchvision"]

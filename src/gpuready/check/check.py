@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from gpuready.doctor.job import JobPackage, missing_job_packages
+from gpuready.errors import InputError
 from gpuready.models import ModelSpec
 from gpuready.units import format_bytes
 from gpuready.workload import Workload, describe
@@ -96,12 +98,21 @@ def size_step(workload: Workload, capacity: int | None, where: str | None, spec:
     return Step("size", "warn" if fitting else "fail", line, data={**est.to_json(), "cards": cards})
 
 
-def image_step(report: Any) -> Step:
+def image_step(report: Any, missing: list[JobPackage] | None = None) -> Step:
+    """The doctor's verdict, and the packages the job's own options import that are not installed here
+    (doctor/job.py): each a failed check with its install command."""
     checks = [c.to_dict() for c in report.checks if c.status != "pass"]
     cause = report.cause
     line = "ready" if report.ready else f"not ready: {cause.name}: {cause.detail}" if cause else "not ready"
     fixes = [cause.fix] if cause is not None and cause.fix else []
-    return Step("image", "pass" if report.ready else "fail", line, checks=checks, fixes=fixes, data=report.to_dict())
+    for p in missing or []:
+        detail = f"{p.dist} is not installed ({p.why})"
+        checks.append({"name": f"job-package:{p.dist}", "status": "fail", "detail": detail, "fix": p.fix})
+        fixes.append(p.fix)
+    ready = report.ready and not missing
+    if report.ready and missing:
+        line = "not ready: the job needs " + ", ".join(f"{p.dist} ({p.why})" for p in missing) + ", not installed"
+    return Step("image", "pass" if ready else "fail", line, checks=checks, fixes=fixes, data=report.to_dict())
 
 
 def trial_step(result: Any, predicted_device: int | None) -> Step:
@@ -144,6 +155,20 @@ def storage_step(workload: Workload, path: Path) -> Step:
     return Step("storage", status, line, fixes=fixes, data=proj.to_json())
 
 
+def _missing_packages(w: Workload, spec: ModelSpec | None, find: Callable[[str], Any] | None) -> list[JobPackage]:
+    from gpuready.models import resolve_model
+    from gpuready.models.vision import is_transformers_vision
+
+    try:
+        spec = spec or resolve_model(w.model, w.as_family)
+    except (InputError, OSError, ValueError):  # (the size step reports a model it cannot read)
+        return []
+    vision = spec.kind == "vision"
+    torchvision_model = vision and not is_transformers_vision(spec.vision or {})
+    kwargs = {"find": find} if find is not None else {}
+    return missing_job_packages(w, vision=vision, torchvision_model=torchvision_model, **kwargs)
+
+
 def check(
     workload: Workload,
     *,
@@ -158,6 +183,7 @@ def check(
     gpu_here: Callable[[], tuple[int | None, str | None]] = _gpu_memory_here,
     run_doctor: Callable[..., Any] | None = None,
     run_trial: Callable[..., Any] | None = None,
+    find_package: Callable[[str], Any] | None = None,
 ) -> CheckResult:
     """The preflight. `quick` skips the live torch probe and the trial; without a GPU the trial is skipped and
     the size step becomes the plan over the GPU catalog. `gpu_label` names the card `gpu_memory_bytes` came from;
@@ -178,7 +204,7 @@ def check(
         from gpuready.doctor import doctor
 
         run_doctor = doctor
-    steps.append(image_step(run_doctor(requirements, fast=quick)))
+    steps.append(image_step(run_doctor(requirements, fast=quick), _missing_packages(workload, spec, find_package)))
     if quick:
         steps.append(Step("trial", "skip", "skipped (--quick)"))
     elif here is None:

@@ -1,0 +1,72 @@
+"""Packages a job needs beyond what the image's own checks cover: the ones its options import.
+
+`gpuready check` reads the job's options (4-bit base weights, an 8-bit optimizer, FlashAttention 2, LoRA, a model
+family) and asks whether each package they need is installed here, without importing it
+(`importlib.util.find_spec`), so that a missing one is a failed image check with its install command rather than
+a trial that stops on an ImportError.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gpuready.workload import Workload
+
+
+@dataclass(frozen=True)
+class JobPackage:
+    dist: str  # the name pip installs
+    module: str  # the name `import` uses
+    why: str  # the option that needs it
+    fix: str  # the command that installs it
+
+
+def job_packages(w: Workload, vision: bool = False, torchvision_model: bool = False) -> list[JobPackage]:
+    """The packages `w` imports (beyond torch, which the doctor checks), each once, in a stable order. `vision`:
+    the model is an image model; `torchvision_model`: one of torchvision's own (resnet, vit_*)."""
+    out: dict[str, JobPackage] = {}
+
+    def need(dist: str, module: str, why: str, fix: str | None = None) -> None:
+        out.setdefault(dist, JobPackage(dist, module, why, fix or f"pip install {dist}"))
+
+    if torchvision_model:
+        need("torchvision", "torchvision", "the model is one of torchvision's")
+    else:
+        need("transformers", "transformers", "the model is built with transformers" if not vision else "the model")
+    if w.training and w.method in ("lora", "qlora"):
+        need("peft", "peft", f"--method {w.method}: the adapters are peft's")
+    if w.training and w.method == "qlora":
+        need("bitsandbytes", "bitsandbytes", "--method qlora: 4-bit base weights")
+    if w.training and w.optim == "adamw8bit":
+        need("bitsandbytes", "bitsandbytes", "--optim adamw8bit")
+    if w.attn == "flash" and not vision:
+        need(
+            "flash-attn",
+            "flash_attn",
+            "--attn flash: transformers' flash_attention_2",
+            "pip install flash-attn --no-build-isolation (or --attn sdpa)",
+        )
+    return list(out.values())
+
+
+def missing_job_packages(
+    w: Workload,
+    *,
+    vision: bool = False,
+    torchvision_model: bool = False,
+    find: Callable[[str], Any] = importlib.util.find_spec,
+) -> list[JobPackage]:
+    """The packages of `job_packages` that are not installed here (`find`: importlib's spec lookup, a fake in
+    tests; a lookup that fails counts as missing)."""
+    missing = []
+    for p in job_packages(w, vision, torchvision_model):
+        try:
+            found = find(p.module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(p)
+    return missing
