@@ -50,6 +50,7 @@ step gpuready trial --sweep-arg --batch_size=4,8,16 -- python train.py --max_ste
 step gpuready history
 step gpuready history --kind banana
 step gpuready storage --fast
-step "gpuready manifest create outputs/ -o outputs.b3 && gpuready manifest verify outputs.b3"
+step "gpuready manifest create outputs/ -o outputs/MANIFEST.b3 && gpuready manifest verify outputs/MANIFEST.b3"
+step "gpuready manifest verify outputs/MANIFEST.b3 ."
 step gpuready sync outputs/ backup/
 rm -rf "$WORK"

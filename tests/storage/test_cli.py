@@ -136,7 +136,9 @@ def test_manifest_verify_takes_dir_as_an_argument(tmp_path: Path, capsys: pytest
     out = tmp_path / "m.b3"
     assert main(["manifest", "create", str(root), "-o", str(out)]) == 0
     assert main(["manifest", "verify", str(out)]) == 1  # tmp_path is not the tree: checked where it lies
-    capsys.readouterr()
+    # the failure says where the manifest was made and the command that checks that folder
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"made under {root.resolve()}" in text and f"manifest verify {out} {root.resolve()}" in text
     assert main(["manifest", "verify", str(out), str(root), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["ok"] and data["root"] == str(root) and data["recorded_root"] == str(root.resolve())

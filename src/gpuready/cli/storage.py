@@ -447,7 +447,11 @@ def _print_verify(res: Any) -> None:
         highlight=False,
     )
     if res.recorded_root and os.path.realpath(res.recorded_root) != os.path.realpath(res.root):
-        con.print(f"(made under {escape(shown(res.recorded_root))}; checked here)", highlight=False)
+        con.print(
+            f"(made under {escape(shown(res.recorded_root))}; checked here. To check that folder: gpuready "
+            f"manifest verify {escape(shown(res.manifest))} {escape(shown(res.recorded_root))})",
+            highlight=False,
+        )
 
 
 # --------------------------------------------------------------------------------------------- sync
