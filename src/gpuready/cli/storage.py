@@ -5,6 +5,7 @@
 
 import contextlib
 import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -82,11 +83,12 @@ def progress_amount(stage: str, done: int, total: int) -> str:
 
 @contextlib.contextmanager
 def _progress(enabled: bool) -> Iterator[Callable[[str, int, int], None]]:
-    """A stage-aware progress callback drawing rich bars on stderr; a no-op under --json.
+    """A stage-aware progress callback drawing rich bars on stderr; a no-op under --json and when stderr is not a
+    terminal (a log or a pipe gets no bars, nor the blank line a finished bar leaves).
 
     Redrawn from the callback (at most 10 times a second), never from a refresh thread: `storage dupes`
     forks readers only while no other thread runs (storage/dupes.py `_read_small`)."""
-    if not enabled:
+    if not enabled or not sys.stderr.isatty():
         yield lambda stage, done, total: None
         return
     import time
@@ -303,7 +305,7 @@ def dupes_cmd(
     if remove and hardlink:
         raise InputError("--remove/--hardlink", "choose one")
     min_bytes = parse_size(min_size, "--min-size")
-    with _progress(not json_out and sys.stderr.isatty()) as progress:
+    with _progress(not json_out) as progress:
         report = find_duplicates(paths, min_size=min_bytes, progress=progress)
     plan = make_plan(report, "remove" if remove else "hardlink") if (remove or hardlink) else None
     applied = apply_plan(plan) if plan is not None and yes and not dry_run else None
