@@ -199,7 +199,11 @@ def _train(torch: Any, model: Any, w: Workload, trace: Trace, recorder: Any, vis
     elif w.optim == "adamw":
         opt = torch.optim.AdamW(trainable, lr=1e-5, foreach=True)
     elif w.optim == "adafactor":
-        opt = torch.optim.Adafactor(trainable, lr=1e-2, foreach=True)
+        # what --optim adafactor means (docs/cli.md): transformers' Adafactor as the HF Trainer builds it, as the
+        # probe runs it (trial/probe.py)
+        from transformers.optimization import Adafactor
+
+        opt = Adafactor(trainable, lr=1e-5, scale_parameter=False, relative_step=False)  # type: ignore[no-untyped-call,unused-ignore]
     else:
         raise InputError("--optim", f"{w.optim} is not traced; allowed with --trace: adamw, sgd, adafactor")
     if vision:
