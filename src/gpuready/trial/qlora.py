@@ -35,9 +35,11 @@ def bnb_config(torch: Any, dtype: Any) -> Any:
     )
 
 
-def build_from_config(torch: Any, cfg: Any, dtype: Any, attn: str) -> Any:
-    """The 4-bit model of `cfg` on the current CUDA device (module docstring)."""
-    import bitsandbytes as bnb  # type: ignore[import-not-found,unused-ignore]
+def build_from_config(torch: Any, cfg: Any, dtype: Any, attn: str, *, device: Any = None, bnb: Any = None) -> Any:
+    """The 4-bit model of `cfg` on `device` (default: the current CUDA device) (module docstring). `bnb`:
+    the bitsandbytes module (a fake in tests)."""
+    if bnb is None:
+        import bitsandbytes as bnb  # type: ignore[import-not-found,no-redef,unused-ignore]
     from accelerate import init_empty_weights  # type: ignore[import-untyped,import-not-found,unused-ignore]
     from transformers import AutoModelForCausalLM
     from transformers.pytorch_utils import Conv1D
@@ -69,7 +71,8 @@ def build_from_config(torch: Any, cfg: Any, dtype: Any, attn: str) -> Any:
         head, embed = model.get_output_embeddings(), model.get_input_embeddings()
         if head is not None and embed is not None:
             head.weight = embed.weight
-    device = torch.device("cuda", torch.cuda.current_device())
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     made: dict[int, Any] = {}  # a tied parameter (one object under two names) is made once
     for module in model.modules():
         for pname, param in list(module._parameters.items()):
