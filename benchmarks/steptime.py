@@ -50,7 +50,7 @@ class Row:
     measured: float
     w: Workload
     ops: list[Op]
-    group: str  # fit, held-out, new, inference, history, re-measured
+    group: str  # fit, held-out, new, inference, history, re-measured, memory sets
     committed: float | None = None  # the prediction committed before measuring (new rows)
 
 
@@ -74,10 +74,12 @@ def held_out(args: str, gpus: int) -> bool:
 def load_rows() -> list[Row]:
     files = [ROOT.parent / "shared" / "calibration" / "h200.jsonl", *sorted(CAL.glob("h200_gpuready*.jsonl"))]
     new_files = sorted(CAL.glob("steptime_h200_new*.jsonl"))
+    # the memory held-out sets (QLoRA, 8-bit AdamW, Adafactor...): their step times were recorded, never fitted on
+    memory_files = sorted(CAL.glob("h200_heldout*.jsonl"))
     committed = committed_predictions()
     rows: list[Row] = []
     seen: set[tuple[str, int]] = set()
-    for f in files + new_files:
+    for f in files + new_files + memory_files:
         if not f.is_file():
             continue
         for line in f.read_text(encoding="utf-8").splitlines():
@@ -92,6 +94,10 @@ def load_rows() -> list[Row]:
             seen.add(key)
             if f.name in HISTORY_FILES:
                 group = "history"
+            elif f in memory_files:
+                if not w.training or w.gpus > 1:
+                    continue
+                group = "memory sets"
             elif f in new_files:
                 group = "new" if w.training else "inference"
                 for old in rows:  # an older measurement of a job re-measured here is superseded
@@ -351,7 +357,7 @@ def main() -> int:
         eff = fit(rows, "python benchmarks/steptime.py --fit")
     print("constants: " + ", ".join(f"{k}={v:.4g}" for k, v in eff.to_json().items()))
     print(table(rows, eff))
-    for group in ("fit", "held-out", "new", "inference", "history", "re-measured"):
+    for group in ("fit", "held-out", "new", "inference", "history", "re-measured", "memory sets"):
         print(summary(rows, eff, group))
     for group in ("new", "inference"):
         print(summary(rows, eff, group, committed=True))
