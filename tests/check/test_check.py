@@ -142,3 +142,40 @@ def test_torchvision_models_need_torchvision_not_transformers(tmp_path: Path) ->
         find_package=find,
     )
     assert looked == ["torchvision"]
+
+
+@pytest.mark.parametrize(
+    ("framework", "fields", "wanted"),
+    [
+        # a torchtune recipe runs on torchtune, its QLoRA on torchao's NF4: not transformers, peft or bitsandbytes
+        ("torchtune", {"method": "qlora"}, ["torchtune", "torchao"]),
+        ("torchtune", {"optim": "adamw8bit"}, ["torchtune", "bitsandbytes"]),
+        # an axolotl config runs on axolotl, itself on transformers and peft (and bitsandbytes for QLoRA)
+        (
+            "axolotl",
+            {"method": "qlora", "attn": "flash"},
+            ["axolotl", "transformers", "peft", "bitsandbytes", "flash_attn"],
+        ),
+        # a TrainingArguments JSON may be run by the Trainer alone: no tool of its own
+        ("trl", {"method": "lora"}, ["transformers", "peft"]),
+    ],
+)
+def test_the_workload_files_tool_decides_the_packages(
+    tmp_path: Path, framework: str, fields: dict[str, Any], wanted: list[str]
+) -> None:
+    looked: list[str] = []
+
+    def find(module: str) -> object:
+        looked.append(module)
+        return object()
+
+    check(
+        make_workload(model="llama-3.2-1b", seq=1024, **fields),
+        path=tmp_path,
+        gpu_here=lambda: (80 * GIB, "NVIDIA A100 80GB"),
+        run_doctor=doctor_says(True),
+        run_trial=trial_ran(9 * GIB),
+        find_package=find,
+        framework=framework,
+    )
+    assert looked == wanted

@@ -155,7 +155,9 @@ def storage_step(workload: Workload, path: Path) -> Step:
     return Step("storage", status, line, fixes=fixes, data=proj.to_json())
 
 
-def _missing_packages(w: Workload, spec: ModelSpec | None, find: Callable[[str], Any] | None) -> list[JobPackage]:
+def _missing_packages(
+    w: Workload, spec: ModelSpec | None, find: Callable[[str], Any] | None, framework: str | None
+) -> list[JobPackage]:
     from gpuready.models import resolve_model
     from gpuready.models.vision import is_transformers_vision
 
@@ -166,7 +168,7 @@ def _missing_packages(w: Workload, spec: ModelSpec | None, find: Callable[[str],
     vision = spec.kind == "vision"
     torchvision_model = vision and not is_transformers_vision(spec.vision or {})
     kwargs = {"find": find} if find is not None else {}
-    return missing_job_packages(w, vision=vision, torchvision_model=torchvision_model, **kwargs)
+    return missing_job_packages(w, vision=vision, torchvision_model=torchvision_model, framework=framework, **kwargs)
 
 
 def check(
@@ -184,10 +186,12 @@ def check(
     run_doctor: Callable[..., Any] | None = None,
     run_trial: Callable[..., Any] | None = None,
     find_package: Callable[[str], Any] | None = None,
+    framework: str | None = None,
 ) -> CheckResult:
     """The preflight. `quick` skips the live torch probe and the trial; without a GPU the trial is skipped and
     the size step becomes the plan over the GPU catalog. `gpu_label` names the card `gpu_memory_bytes` came from;
-    `warnings` (the workload read against its model and card) become warn checks of the task step."""
+    `warnings` (the workload read against its model and card) become warn checks of the task step. `framework`:
+    the format of the workload file the job came from (its tool's packages are the job's, doctor/job.py)."""
     notes = [{"name": "workload", "status": "warn", "detail": w, "fix": ""} for w in warnings or []]
     steps: list[Step] = [
         Step("task", "warn" if notes else "pass", describe(workload), notes, data=workload.model_dump(mode="json"))
@@ -204,7 +208,8 @@ def check(
         from gpuready.doctor import doctor
 
         run_doctor = doctor
-    steps.append(image_step(run_doctor(requirements, fast=quick), _missing_packages(workload, spec, find_package)))
+    missing = _missing_packages(workload, spec, find_package, framework)
+    steps.append(image_step(run_doctor(requirements, fast=quick), missing))
     if quick:
         steps.append(Step("trial", "skip", "skipped (--quick)"))
     elif here is None:

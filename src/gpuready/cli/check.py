@@ -74,6 +74,7 @@ def check_cmd(
             quick=quick,
             find_max=find_max,
             requirements=requirements,
+            framework=job.source.format if job.source is not None else None,
         )
     if html_out is not None:
         write_text_file(html_out, render_html(result), "--html")

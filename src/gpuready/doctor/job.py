@@ -24,14 +24,33 @@ class JobPackage:
     fix: str  # the command that installs it
 
 
-def job_packages(w: Workload, vision: bool = False, torchvision_model: bool = False) -> list[JobPackage]:
+# the tool a workload file belongs to, where the file names one (workload/formats.py's format names): the job runs
+# that tool; a TRL / TrainingArguments JSON may be run by transformers' Trainer alone, so it names none
+TOOLS = {"axolotl": ("axolotl", "axolotl"), "llamafactory": ("llamafactory", "llamafactory")}
+
+
+def job_packages(
+    w: Workload, vision: bool = False, torchvision_model: bool = False, framework: str | None = None
+) -> list[JobPackage]:
     """The packages `w` imports (beyond torch, which the doctor checks), each once, in a stable order. `vision`:
-    the model is an image model; `torchvision_model`: one of torchvision's own (resnet, vit_*)."""
+    the model is an image model; `torchvision_model`: one of torchvision's own (resnet, vit_*); `framework`: the
+    format of the workload file it came from (workload/formats.py), whose tool runs it: a torchtune recipe runs on
+    torchtune (its QLoRA on torchao's NF4, not bitsandbytes) rather than transformers and peft."""
     out: dict[str, JobPackage] = {}
 
     def need(dist: str, module: str, why: str, fix: str | None = None) -> None:
         out.setdefault(dist, JobPackage(dist, module, why, fix or f"pip install {dist}"))
 
+    if framework == "torchtune":
+        need("torchtune", "torchtune", "the workload is a torchtune recipe")
+        if w.training and w.method == "qlora":
+            need("torchao", "torchao", "--method qlora: torchtune's 4-bit weights are torchao's NF4")
+        if w.training and w.optim == "adamw8bit":
+            need("bitsandbytes", "bitsandbytes", "--optim adamw8bit")
+        return list(out.values())
+    if framework in TOOLS:
+        dist, module = TOOLS[framework]
+        need(dist, module, f"the workload is a{'n' if framework == 'axolotl' else ''} {framework} config")
     if torchvision_model:
         need("torchvision", "torchvision", "the model is one of torchvision's")
     else:
@@ -57,12 +76,13 @@ def missing_job_packages(
     *,
     vision: bool = False,
     torchvision_model: bool = False,
+    framework: str | None = None,
     find: Callable[[str], Any] = importlib.util.find_spec,
 ) -> list[JobPackage]:
     """The packages of `job_packages` that are not installed here (`find`: importlib's spec lookup, a fake in
     tests; a lookup that fails counts as missing)."""
     missing = []
-    for p in job_packages(w, vision, torchvision_model):
+    for p in job_packages(w, vision, torchvision_model, framework):
         try:
             found = find(p.module) is not None
         except (ImportError, ValueError):
