@@ -26,7 +26,10 @@ class JobPackage:
 
 # the tool a workload file belongs to, where the file names one (workload/formats.py's format names): the job runs
 # that tool; a TRL / TrainingArguments JSON may be run by transformers' Trainer alone, so it names none
-TOOLS = {"axolotl": ("axolotl", "axolotl"), "llamafactory": ("llamafactory", "llamafactory")}
+TOOLS = {
+    "axolotl": ("axolotl", "axolotl", "the workload is an axolotl config"),
+    "llamafactory": ("llamafactory", "llamafactory", "the workload is a LLaMA-Factory config"),
+}
 
 
 def job_packages(
@@ -49,12 +52,11 @@ def job_packages(
             need("bitsandbytes", "bitsandbytes", "--optim adamw8bit")
         return list(out.values())
     if framework in TOOLS:
-        dist, module = TOOLS[framework]
-        need(dist, module, f"the workload is a{'n' if framework == 'axolotl' else ''} {framework} config")
+        need(*TOOLS[framework])
     if torchvision_model:
         need("torchvision", "torchvision", "the model is one of torchvision's")
     else:
-        need("transformers", "transformers", "the model is built with transformers" if not vision else "the model")
+        need("transformers", "transformers", "the model is built with transformers")
     if w.training and w.method in ("lora", "qlora"):
         need("peft", "peft", f"--method {w.method}: the adapters are peft's")
     if w.training and w.method == "qlora":
