@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gpuready.memory.dtypes import dtypes_for
+from gpuready.memory.lm import nf4
 from gpuready.memory.lm.context import attention_backend, lora_targets
 from gpuready.models.spec import ModelSpec
 from gpuready.models.vision import resnet_convs
@@ -538,10 +539,10 @@ def _dequantize(s: _Steps, spec: ModelSpec, e: int, fwd: float, backward: bool) 
     dense = [lin for lin in spec.block_linears if lin.count == 1]
     n = float(sum(lin.in_features * lin.out_features for lin in dense) * spec.layers)
     count = len(dense) * spec.layers
-    absmax = 4.0 / 64
-    s.add(_mem("dequantize", n * (1 / 64 + 4 * absmax + 0.5 + e), 3 * count), fwd)
+    codes, absmax = 1 / nf4.BLOCK, 4 / nf4.BLOCK  # per weight element: the 8-bit absmax, the fp32 one
+    s.add(_mem("dequantize", n * (codes + 4 * absmax + 0.5 + e), 3 * count), fwd)
     if backward:
-        s.add(_mem("dequantize", n * (1 / 64 + 2 * absmax + 0.5 + e), 2 * count))
+        s.add(_mem("dequantize", n * (codes + 2 * absmax + 0.5 + e), 2 * count))
 
 
 def param_tensors(spec: ModelSpec, w: Workload) -> int:

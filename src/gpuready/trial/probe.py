@@ -83,7 +83,7 @@ def _build_lm(torch: Any, spec: dict[str, Any]) -> Any:
             raise ProbeSkip(f"--method qlora {NEEDS_BNB}") from exc
         from gpuready.trial import qlora
     if spec.get("weights_path"):
-        extra = {"quantization_config": qlora.bnb_config(torch, dtype)} if four_bit else {}
+        extra = {"quantization_config": qlora.bnb_config(dtype)} if four_bit else {}
         return AutoModelForCausalLM.from_pretrained(
             spec["weights_path"],
             dtype=dtype,

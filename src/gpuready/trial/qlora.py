@@ -23,7 +23,7 @@ from typing import Any
 KEEP = ("lm_head",)  # linear layers transformers leaves unquantized (the output head)
 
 
-def bnb_config(torch: Any, dtype: Any) -> Any:
+def bnb_config(dtype: Any) -> Any:
     """The BitsAndBytesConfig of the recipe (for a real checkpoint, `weights_path`)."""
     from transformers import BitsAndBytesConfig
 

@@ -43,13 +43,13 @@ def load(prog: Program, n: int, param_bytes: int) -> None:
     blocks = -(-n // BLOCK)
     alloc, free = prog.alloc, prog.free
     weight = alloc("weights", n * param_bytes)
-    absmax = alloc("quantization_temporaries", blocks * 4)
+    absmax = alloc("quantization_temporaries", absmax_bytes(n))
     alloc("weights", -(-n // 2))  # the packed codes
     alloc("weights", NF4_TABLE)
     prog.transient("quantization_temporaries", NF4_TABLE, 4)
     alloc("weights", 4)  # the absmax offset
     prog.transient("quantization_temporaries", 128, 4)
-    shifted = alloc("quantization_temporaries", blocks * 4)
+    shifted = alloc("quantization_temporaries", absmax_bytes(n))
     alloc("weights", TABLE)
     alloc("weights", -(-blocks // NESTED_BLOCK) * 4)
     alloc("weights", blocks)  # the absmax as 8-bit codes
