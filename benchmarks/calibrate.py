@@ -2,7 +2,8 @@
 
 Each input line is a job written as `gpuready estimate` arguments (`#` starts a comment; an optional
 `id=NAME ` prefix names the row; with `--history-dir DIR`, a `history=NAME ` prefix records that job's caching
-allocator history into DIR/NAME.json through the probe's GPUREADY_PROBE_MEMORY_HISTORY). Output: JSON lines
+allocator history into DIR/NAME.json through the probe's GPUREADY_PROBE_MEMORY_HISTORY; `env=NAME=VALUE ` sets one
+of the probe's measurement switches for that job, recorded in the row as `env`). Output: JSON lines
 with exactly the keys of
 ../shared/calibration/h200.jsonl (id, args, gpu, gpus, peak_allocated_bytes, peak_reserved_bytes,
 device_overhead_bytes, params, trainable, step_seconds); inference rows add request_seconds (the probe's
@@ -27,8 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from gpuready.trial.backend import ProbeBackend
-from gpuready.trial.probe import MEMORY_HISTORY_ENV
+from gpuready.trial.probe import AUTOCAST_ENV, LORA_DTYPE_ENV, MEMORY_HISTORY_ENV
 from gpuready.workload import Workload, workload_from_args
+
+PREFIXES = ("id=", "history=", "env=")
+SWITCHES = (AUTOCAST_ENV, LORA_DTYPE_ENV)
 
 
 def job_id(w: Workload) -> str:
@@ -69,10 +73,18 @@ def main() -> int:
     with opts.out.open("a", encoding="utf-8") as out:
         for args in jobs:
             given_id = history = None
-            while args.startswith(("id=", "history=")):
+            env: dict[str, str] = {}
+            while args.startswith(PREFIXES):
                 word, _, args = args.partition(" ")
                 key, _, value = word.partition("=")
-                given_id, history = (value, history) if key == "id" else (given_id, value)
+                if key == "env":
+                    name, _, val = value.partition("=")
+                    env[name] = val
+                else:
+                    given_id, history = (value, history) if key == "id" else (given_id, value)
+            for name in SWITCHES:
+                os.environ.pop(name, None)
+            os.environ.update(env)
             os.environ.pop(MEMORY_HISTORY_ENV, None)
             if history and opts.history_dir:
                 opts.history_dir.mkdir(parents=True, exist_ok=True)
@@ -92,6 +104,8 @@ def main() -> int:
                 "trainable": point.trainable,
                 "step_seconds": point.step_seconds if (point.ok and workload.task == "train") else None,
             }
+            if env:
+                row["env"] = env  # the probe's measurement switches (trial/probe.py)
             if point.ok and workload.task == "infer":
                 # one request: the generate() call (new tokens), or the median prefill forward
                 row["request_seconds"] = point.step_seconds
@@ -105,7 +119,7 @@ def main() -> int:
 
 
 def _strip_prefixes(args: str) -> str:
-    while args.startswith(("id=", "history=")):
+    while args.startswith(PREFIXES):
         args = args.partition(" ")[2]
     return args
 

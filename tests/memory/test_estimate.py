@@ -403,3 +403,12 @@ def test_recorded_layer_order_covers_the_plain_decoders_it_was_recorded_for() ->
     assert plain(model="gemma-2-2b", method="lora")
     assert not plain(model="llama-3.1-8b", attn="eager")
     assert not plain(model="gpt2")  # GPT-2 has its own recorded block
+
+
+def test_a_mixed_precision_lora_job_is_offered_qlora_in_16_bits() -> None:
+    """QLoRA's base is 4-bit (spec.py refuses qlora with mixed): its mitigation sets the compute dtype too."""
+    from gpuready.memory.mitigations import suggest
+
+    found = suggest(make_workload(model="llama-3.1-8b", method="lora", precision="mixed"), 24 * GIB, limit=10)
+    qlora = [m for m in found if m.update.get("method") == "qlora"]
+    assert qlora and all(m.update["precision"] == "bf16" and "--precision bf16" in m.change for m in qlora)

@@ -94,9 +94,11 @@ def test_torchtune_example_maps_the_builder_to_a_preset_and_renames_modules_for_
 def test_trainer_dump_maps_batch_accumulation_checkpointing_and_says_what_it_assumed() -> None:
     src = read_workload_file(EXAMPLES / "trainer-args.json")
     assert src.format == "trl"
-    assert src.fields == {"batch": 8, "grad_accum": 4, "grad_ckpt": True, "precision": "mixed", "optim": "adamw"}
+    assert src.fields == {"batch": 8, "grad_accum": 4, "grad_ckpt": True, "precision": "bf16", "optim": "adamw"}
     assert any("full fine-tuning" in n for n in src.notes)  # no PEFT in TrainingArguments
-    assert any("autocast" in n for n in src.notes)  # bf16 without a model dtype
+    # a transformers 5 dump with no model dtype: the script's from_pretrained loads the checkpoint's own dtype
+    assert any("checkpoint's own dtype" in n and "--precision mixed" in n for n in src.notes)
+    assert not any("SFTConfig" in n for n in src.notes)  # TrainingArguments' defaults, not TRL's
     why = reasons(EXAMPLES / "trainer-args.json")
     assert why["hub_token"] == NO_EFFECT and why["fsdp"] == EMPTY and why["deepspeed"] == EMPTY
     assert NOT_READ not in why.values(), [k for k, v in why.items() if v == NOT_READ]
@@ -336,3 +338,51 @@ def test_an_inline_deepspeed_config_in_trainer_json_is_read_as_its_zero_stage(tm
 def test_axolotl_lora_target_modules_list_or_all_linear(tmp_path: Path, value: str, targets: object) -> None:
     f = write(tmp_path, "a.yaml", f"base_model: gpt2\nadapter: lora\nlora_target_modules: {value}\n")
     assert read_workload_file(f).fields["lora_targets"] == targets
+
+
+def test_a_transformers_4_dump_without_a_model_dtype_is_fp32_weights_under_autocast(tmp_path: Path) -> None:
+    """transformers 4 loaded fp32 when from_pretrained got no dtype; its dumps carry push_to_hub_token (5 dropped
+    it)."""
+    dump = json.loads((EXAMPLES / "trainer-args.json").read_text(encoding="utf-8"))
+    dump["push_to_hub_token"] = None
+    src = read_workload_file(write(tmp_path, "v4.json", json.dumps(dump)))
+    assert src.fields["precision"] == "mixed"
+    assert any("transformers 4" in n for n in src.notes)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "bf16", "precision"),
+    [("auto", True, "bf16"), ("bfloat16", True, "bf16"), ("float16", False, "fp16"), ("float32", True, "mixed"),
+     ("float32", False, "fp32"), ("auto", False, "bf16")],
+)  # fmt: skip
+def test_the_model_dtype_decides_the_weights_and_bf16_only_switches_autocast(
+    tmp_path: Path, dtype: str, bf16: bool, precision: str
+) -> None:
+    cfg = {"output_dir": "o", "per_device_train_batch_size": 2, "model_init_kwargs": {"dtype": dtype}, "bf16": bf16}
+    assert read_workload_file(write(tmp_path, "t.json", json.dumps(cfg))).fields["precision"] == precision
+
+
+def test_a_trl_config_that_leaves_keys_out_gets_sftconfigs_defaults(tmp_path: Path) -> None:
+    """TRL's SFTConfig defaults differ from TrainingArguments': checkpointing and bf16 on, max_length 1024."""
+    text = "model_name_or_path: Qwen/Qwen3-0.6B\nper_device_train_batch_size: 2\n"
+    src = read_workload_file(write(tmp_path, "sft.yaml", text))
+    f = src.fields
+    assert (f["seq"], f["grad_ckpt"], f["precision"], f["batch"]) == (1024, True, "bf16", 2)
+    assert sum("SFTConfig" in n for n in src.notes) == 3
+    assert any("chunked_nll" in n for n in src.notes)  # the loss TRL 1.x runs by default is not modelled
+    # said in the file, the file wins
+    given = "model_name_or_path: gpt2\nmax_length: 512\ngradient_checkpointing: false\nbf16: false\nloss_type: nll\n"
+    src = read_workload_file(write(tmp_path, "b.yaml", given))
+    assert (src.fields["seq"], src.fields["grad_ckpt"]) == (512, False)
+    assert not any("SFTConfig" in n or "chunked_nll" in n for n in src.notes)
+
+
+def test_trl_chunked_loss_and_qlora_adapters_are_named_as_not_modelled(tmp_path: Path) -> None:
+    text = (
+        "model_name_or_path: meta-llama/Llama-3.1-8B\nuse_peft: true\nload_in_4bit: true\nloss_type: chunked_nll\n"
+        "max_length: 2048\nmodel_init_kwargs:\n  dtype: float32\n"
+    )
+    src = read_workload_file(write(tmp_path, "q.yaml", text))
+    assert (src.fields["method"], src.fields["precision"]) == ("qlora", "bf16")  # QLoRA computes in 16 bits
+    assert [w.key for w in src.warnings] == ["loss_type"]
+    assert any("bf16" in n and "adapters" in n for n in src.notes)

@@ -30,6 +30,7 @@ def test_defaults_follow_the_contract() -> None:
         ({"as_family": "gemma9"}, "--as-family", "llama"),
         ({"shard": "fsdp"}, "--shard", "--gpus 2"),
         ({"task": "infer", "method": "lora"}, "--method", "training methods"),
+        ({"method": "qlora", "precision": "mixed"}, "--precision", "4-bit"),
         ({"colour": "red"}, "colour", "allowed"),
     ],
 )

@@ -32,8 +32,12 @@ def _candidates(w: Workload) -> list[tuple[str, dict[str, Any], str]]:
             out.append(("--grad-ckpt", {"grad_ckpt": True}, "recompute activations in backward (~30% slower)"))
         if w.method == "full":
             out.append(("--method lora", {"method": "lora"}, "train adapters only"))
+        # QLoRA computes in 16 bits: a mixed-precision job's QLoRA variant is bf16 (spec.py refuses qlora + mixed)
+        qlora = ("--method qlora --precision bf16", {"method": "qlora", "precision": "bf16"})
+        if w.precision != "mixed":
+            qlora = ("--method qlora", {"method": "qlora"})
         if w.method == "lora":
-            out.append(("--method qlora", {"method": "qlora"}, "4-bit base weights (needs bitsandbytes)"))
+            out.append((*qlora, "4-bit base weights (needs bitsandbytes)"))
         if w.optim == "adamw" and w.method == "full":
             out.append(("--optim adamw8bit", {"optim": "adamw8bit"}, "8-bit optimizer states (bitsandbytes)"))
         if w.precision in ("fp32", "mixed"):
@@ -48,7 +52,7 @@ def _candidates(w: Workload) -> list[tuple[str, dict[str, Any], str]]:
                 )
             )
         if not w.grad_ckpt and w.method == "lora":
-            out.append(("--method qlora --grad-ckpt", {"method": "qlora", "grad_ckpt": True}, "both"))
+            out.append((f"{qlora[0]} --grad-ckpt", {**qlora[1], "grad_ckpt": True}, "both"))
         if not w.grad_ckpt and w.method == "full":
             out.append(("--method lora --grad-ckpt", {"method": "lora", "grad_ckpt": True}, "both"))
     else:

@@ -10,6 +10,10 @@ memory does not depend on the values), random token ids, `loss = model(input_ids
 use_cache=False).loss; loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)`, 3 steps (4 for vision),
 AdamW(lr=1e-5) with its defaults or SGD(momentum=0.9); `mixed` = fp32 model under bf16 autocast. QLoRA's base
 model is made 4-bit as from_pretrained with bitsandbytes makes it (trial/qlora.py).
+Two measurement switches (environment, for jobs run the way a trainer runs them; benchmarks/calibrate.py's `env=`):
+GPUREADY_PROBE_AUTOCAST=bf16 runs forward and loss under bf16 autocast whatever the weights' dtype (the HF Trainer's
+`bf16=True` over a model loaded in bf16); GPUREADY_PROBE_LORA_DTYPE=bf16 casts the trainable adapters to bf16 after
+peft wraps the model (TRL's SFTTrainer does this for a 4-bit model).
 Peaks are torch.cuda.max_memory_allocated/reserved over the whole run; device overhead = NVML used − reserved
 at the end of the run (CUDA context, cuBLAS/cuDNN workspaces).
 """
@@ -43,8 +47,12 @@ def _dtype(torch: Any, precision: str) -> Any:
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "mixed": torch.float32}[precision]
 
 
+AUTOCAST_ENV = "GPUREADY_PROBE_AUTOCAST"
+LORA_DTYPE_ENV = "GPUREADY_PROBE_LORA_DTYPE"
+
+
 def _autocast(torch: Any, precision: str) -> Any:
-    if precision == "mixed":
+    if precision == "mixed" or os.environ.get(AUTOCAST_ENV) == "bf16":
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
@@ -159,7 +167,14 @@ def _apply_lora(model: Any, spec: dict[str, Any]) -> Any:
 
     targets = list(w.get("lora_targets") or spec.get("lora_targets") or DEFAULT_LORA_TARGETS)
     cfg = LoraConfig(r=int(w["lora_r"]), lora_alpha=32, lora_dropout=0.0, target_modules=targets)
-    return get_peft_model(model, cfg)
+    model = get_peft_model(model, cfg)
+    if os.environ.get(LORA_DTYPE_ENV) == "bf16":
+        import torch
+
+        for param in model.parameters():
+            if param.requires_grad:
+                param.data = param.data.to(torch.bfloat16)
+    return model
 
 
 class _Clock:

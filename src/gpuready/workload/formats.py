@@ -803,7 +803,7 @@ _TRL_NO_EFFECT = {
     "model_revision", "tokenizer_name_or_path", "hub_revision", "project", "trackio_space_id",
     "liger_kernel_config", "torch_empty_cache_steps", "eval_packing", "shuffle_dataset", "activation_offloading_kwargs",
     "fsdp_min_num_params", "fsdp_transformer_layer_cls_to_wrap", "xla", "xla_fsdp_v2", "xla_fsdp_grad_ckpt",
-    "fsdp_config", "packing_strategy", "padding_free", "pad_to_multiple_of", "loss_type", "use_liger_kernel_for_loss",
+    "fsdp_config", "packing_strategy", "padding_free", "pad_to_multiple_of", "use_liger_kernel_for_loss",
     "activation_checkpointing_kwargs", "label_smoothing_factor", "use_cache", "trackio_bucket_id",
     "trackio_static_space_id", "enable_jit_checkpoint", "dataloader_multiprocessing_context", "dataloader_in_order",
     "train_sampling_strategy", "ddp_static_graph", "model_init_kwargs",
@@ -821,6 +821,76 @@ _TRL_NOT_MODELLED = {
     "torch_compile_backend": "",
     "torch_compile_mode": "",
 }
+
+
+# Where TRL's SFTConfig defaults differ from TrainingArguments' (TRL 1.x, trl/trainer/sft_config.py: "These parameters
+# have default values different from TrainingArguments"): they apply when the file is a TRL config that leaves them out
+_SFT_DEFAULTS: dict[str, Any] = {"max_length": 1024, "gradient_checkpointing": True, "bf16": True}
+# keys of TRL's SFTConfig / ModelConfig that TrainingArguments does not have
+_SFT_KEYS = {
+    "max_length", "max_seq_length", "packing", "packing_strategy", "padding_free", "dataset_text_field",
+    "completion_only_loss", "assistant_only_loss", "loss_type", "model_init_kwargs", "use_peft", "model_name_or_path",
+    "load_in_4bit", "lora_r", "lora_target_modules", "dataset_name", "chat_template_path", "eos_token",
+}  # fmt: skip
+
+
+def _is_sft_config(r: _Reader) -> bool:
+    return any(k.split(".")[0] in _SFT_KEYS for k in r.flat)
+
+
+def _trainer_precision(r: _Reader, sft: bool) -> None:
+    """The Trainer's bf16/fp16 are autocast switches; the weights keep the dtype the model was loaded in. transformers
+    5's from_pretrained loads the checkpoint's own dtype when given none (dtype="auto", modeling_utils.py), and so does
+    TRL's create_model_from_path; transformers 4 loaded fp32. A transformers 4 dump carries push_to_hub_token, which
+    5 dropped."""
+    keys = ("model_init_kwargs.torch_dtype", "model_init_kwargs.dtype", "dtype", "torch_dtype")
+    key = next((k for k in keys if r.has(k)), None)
+    dtype = str(r.peek(key)).lower().removeprefix("torch.") if key else None
+    bf16, fp16 = r.peek("bf16"), r.peek("fp16")
+    if sft and bf16 is None and not _as_bool(fp16 or False):
+        bf16 = _SFT_DEFAULTS["bf16"]
+        r.note("no bf16 in the file: TRL's SFTConfig turns bf16 autocast on by default")
+    qlora = r.out.fields.get("method") == "qlora"
+    if dtype in ("bfloat16", "bf16", "float16", "fp16", "half"):
+        assert key is not None
+        r.set("precision", "bf16" if "b" in dtype else "fp16", key, r.peek(key))
+        r.also("bf16", "autocast over bf16 weights: no change")
+        r.also("fp16", "autocast over half weights: no change")
+        return
+    transformers4 = "push_to_hub_token" in r.flat
+    if dtype == "auto" or (dtype is None and not transformers4) or qlora:
+        # the checkpoint's dtype: bf16 for most published LLMs (GPT-2 is fp32, Llama 2 and Pythia fp16)
+        half = "fp16" if (fp16 is not None and _as_bool(fp16)) else "bf16"
+        r.out.fields["precision"] = half
+        r.also("bf16", f"precision = {half}" if half == "bf16" else "off")
+        r.also("fp16", f"precision = {half}" if half == "fp16" else "off")
+        if key is not None:
+            r.also(key, "the checkpoint's own dtype")
+        if qlora:
+            r.note(
+                f"QLoRA: the 4-bit base computes in bnb_4bit_compute_dtype, sized as {half}; embeddings, norms and "
+                "lm_head in the checkpoint's dtype"
+            )
+        else:
+            why = "dtype: auto" if dtype == "auto" else "no model dtype in the file"
+            r.note(
+                f"{why}: transformers 5 (and TRL) load the checkpoint's own dtype, sized as {half} (that of most "
+                f"published LLMs; autocast over {half} weights changes nothing); give --precision mixed for an fp32 "
+                "checkpoint (GPT-2), --precision fp16 for an fp16 one (Llama 2, Pythia)"
+            )
+        return
+    if key is not None:
+        r.also(key, "fp32 weights")
+    if sft and r.peek("bf16") is None and bf16:
+        r.out.fields["precision"] = "mixed"
+    else:
+        _precision_16(r, bf16_means="mixed")
+    if r.out.fields.get("precision") == "mixed":
+        why = "transformers 4 (this dump's version) loads fp32 when given no dtype" if dtype is None else "fp32 weights"
+        r.note(
+            f"{why}: fp32 weights under bf16 autocast (the Trainer's mixed precision); give --precision bf16 if the "
+            "script loads the model in bf16"
+        )
 
 
 def _trl(r: _Reader) -> None:
@@ -843,16 +913,26 @@ def _trl(r: _Reader) -> None:
                 r.out.mapped[-1] = Mapped("lora_target_modules", targets, "lora_targets", "every linear layer")
             else:
                 r.set("lora_targets", names, "lora_target_modules", targets)
+        if four:
+            r.note(
+                "QLoRA under TRL's SFTTrainer: recent TRL casts the adapters of a 4-bit model to bf16 "
+                "(sft_trainer.py); sized with peft's fp32 adapters, over by their fp32 copies of each input (a few "
+                "GiB without checkpointing, little with it)"
+            )
     else:
         r.also("use_peft", "method = full")
         r.note(
             "no PEFT settings in the file (TrainingArguments has none): sized as full fine-tuning; "
             "give --method lora if the script wraps the model with peft"
         )
+    sft = _is_sft_config(r)
     seq_key = next((k for k in ("max_length", "max_seq_length") if r.has(k)), None)
     if seq_key:
         r.set("seq", _as_int(r, seq_key), seq_key)
         r.also("max_seq_length", f"superseded by {seq_key}")
+    elif sft:
+        r.out.fields["seq"] = _SFT_DEFAULTS["max_length"]
+        r.note(f"no max_length in the file: TRL's SFTConfig default {_SFT_DEFAULTS['max_length']} used")
     else:
         r.note("no max_length in the file: gpuready's default 2048 used (--seq)")
     if "packing" in r.flat:
@@ -866,26 +946,21 @@ def _trl(r: _Reader) -> None:
     if ckpt_key is not None:
         r.set("grad_ckpt", _as_bool(r.get(ckpt_key)), ckpt_key)
         r.also("gradient_checkpointing", "the same as activation_checkpointing")
-    # the Trainer's bf16/fp16 are autocast switches; the weights keep the dtype the model was loaded in
-    dtype = r.peek("model_init_kwargs.torch_dtype") or r.peek("model_init_kwargs.dtype") or r.peek("dtype")
-    dtype = dtype or r.peek("torch_dtype")
-    if dtype is not None and str(dtype).lower() in ("bfloat16", "bf16", "float16", "fp16"):
-        key = next(
-            k for k in ("model_init_kwargs.torch_dtype", "model_init_kwargs.dtype", "dtype", "torch_dtype") if r.has(k)
+    elif sft:
+        r.out.fields["grad_ckpt"] = _SFT_DEFAULTS["gradient_checkpointing"]
+        r.note("no gradient_checkpointing in the file: TRL's SFTConfig turns it on by default")
+    _trainer_precision(r, sft)
+    loss = r.peek("loss_type")
+    if loss is not None and str(loss).lower() == "chunked_nll":
+        r.not_modelled["loss_type"] = "chunked cross-entropy never holds the whole logits: less than sized"
+    elif sft and loss is None:
+        r.note(
+            "no loss_type in the file: recent TRL (1.x) defaults to chunked_nll (lm_head and cross-entropy in chunks, "
+            "never the whole logits), not modelled: sized with the whole logits (over); loss_type: nll is sized exactly"
         )
-        r.set("precision", "bf16" if "b" in str(dtype).lower() else "fp16", key, dtype)
-        r.also("bf16", "autocast over bf16 weights: no change")
-        r.also("fp16", "autocast over half weights: no change")
+        r.also("loss_type", "unset")
     else:
-        if dtype is not None:
-            for k in ("model_init_kwargs.torch_dtype", "model_init_kwargs.dtype", "dtype", "torch_dtype"):
-                r.also(k, "fp32 weights")
-        _precision_16(r, bf16_means="mixed")
-        if r.out.fields.get("precision") == "mixed":
-            r.note(
-                "bf16 with no model dtype in the file: fp32 weights under bf16 autocast (the Trainer's mixed "
-                "precision); give --precision bf16 if the script loads the model in bf16"
-            )
+        r.also("loss_type", "the whole logits, as sized")
     if r.has("optim"):
         _map_optim(r, "optim", r.get("optim"))
     elif _as_bool(r.peek("adafactor") or False):

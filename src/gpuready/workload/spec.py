@@ -85,6 +85,12 @@ def _known_family(value: str | None) -> str | None:
 def _consistency_error(values: dict[str, Any]) -> str | None:
     if values["task"] == "infer" and values["method"] != "full":
         return "method: LoRA/QLoRA are training methods; use --task train or drop --method"
+    if values["method"] == "qlora" and values["precision"] == "mixed":
+        # mixed = fp32 weights under autocast; QLoRA's base is 4-bit, computed in bnb_4bit_compute_dtype
+        return (
+            "precision: QLoRA's base weights are 4-bit, computed in bf16, fp16 or fp32; "
+            "mixed (fp32 weights) does not apply"
+        )
     if values["shard"] != "none" and values["gpus"] < 2:
         return f"shard: --shard {values['shard']} needs --gpus 2 or more"
     return None
