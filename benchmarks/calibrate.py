@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from gpuready.trial.backend import ProbeBackend
-from gpuready.trial.probe import AUTOCAST_ENV, LORA_DTYPE_ENV, MEMORY_HISTORY_ENV
+from gpuready.trial.probe import LORA_DTYPE_ENV, MEMORY_HISTORY_ENV
 from gpuready.workload import Workload, workload_from_args
 
 PREFIXES = ("id=", "history=", "env=")
-SWITCHES = (AUTOCAST_ENV, LORA_DTYPE_ENV)
+SWITCHES = (LORA_DTYPE_ENV,)
 
 
 def job_id(w: Workload) -> str:
@@ -40,7 +40,7 @@ def job_id(w: Workload) -> str:
         prefix = "inf_gen" if w.new_tokens else "inf_prefill"
     else:
         prefix = {"full": "ft", "lora": "lora", "qlora": "qlora"}[w.method]
-    parts = [prefix, w.model, w.precision, f"b{w.batch}"]
+    parts = [prefix, w.model, w.precision + ("_autocast" if w.autocast else ""), f"b{w.batch}"]
     parts.append(f"img{w.image_size}" if w.model.startswith(("resnet", "vit")) else f"s{w.seq}")
     if w.new_tokens:
         parts.append(f"n{w.new_tokens}")
@@ -92,8 +92,9 @@ def main() -> int:
             workload = workload_from_args(args)
             t0 = time.perf_counter()
             point = ProbeBackend(workload, timeout=opts.timeout, nproc=opts.nproc).run_point({})
+            suffix = "".join(f"_{k.removeprefix('GPUREADY_PROBE_').lower()}-{v}" for k, v in env.items())
             row: dict[str, Any] = {
-                "id": given_id or job_id(workload),
+                "id": given_id or job_id(workload) + suffix,
                 "args": args,
                 "gpu": point.gpu,
                 "gpus": workload.gpus,

@@ -217,3 +217,25 @@ def test_qlora_without_bitsandbytes_is_a_skip_that_names_the_fix(monkeypatch: py
     spec = probe_spec(make_workload(model="qwen2.5-0.5b", method="qlora", batch=1, seq=64))
     with pytest.raises(probe.ProbeSkip, match=r"pip install bitsandbytes"):
         probe._build_lm(torch, spec)
+
+
+def test_the_probe_runs_autocast_as_the_workload_says() -> None:
+    """mixed: bf16 autocast over fp32 weights; --autocast: autocast in the 16-bit weights' own dtype (the Trainer's
+    bf16/fp16 switch); otherwise none."""
+    import contextlib
+    import types
+
+    from gpuready.trial.probe import _autocast
+
+    made: list[tuple[str, str]] = []
+
+    def autocast(device: str, dtype: str) -> contextlib.AbstractContextManager[None]:
+        made.append((device, dtype))
+        return contextlib.nullcontext()
+
+    torch = types.SimpleNamespace(autocast=autocast, bfloat16="bf16", float16="fp16", float32="fp32")
+    _autocast(torch, {"precision": "mixed"})
+    _autocast(torch, {"precision": "fp16", "autocast": True})
+    _autocast(torch, {"precision": "bf16", "autocast": True})
+    assert isinstance(_autocast(torch, {"precision": "bf16", "autocast": False}), contextlib.nullcontext)
+    assert made == [("cuda", "bf16"), ("cuda", "fp16"), ("cuda", "bf16")]

@@ -49,6 +49,7 @@ def test_axolotl_example_maps_qlora_packing_and_the_8bit_paged_optimizer() -> No
         "grad_accum": 4,
         "grad_ckpt": True,
         "precision": "bf16",
+        "autocast": True,  # axolotl's bf16 is the Trainer's: autocast over the bf16 weights
         "optim": "adamw8bit",
         "attn": "flash",
     }
@@ -94,7 +95,9 @@ def test_torchtune_example_maps_the_builder_to_a_preset_and_renames_modules_for_
 def test_trainer_dump_maps_batch_accumulation_checkpointing_and_says_what_it_assumed() -> None:
     src = read_workload_file(EXAMPLES / "trainer-args.json")
     assert src.format == "trl"
-    assert src.fields == {"batch": 8, "grad_accum": 4, "grad_ckpt": True, "precision": "bf16", "optim": "adamw"}
+    assert src.fields == {
+        "batch": 8, "grad_accum": 4, "grad_ckpt": True, "precision": "bf16", "autocast": True, "optim": "adamw"
+    }  # fmt: skip
     assert any("full fine-tuning" in n for n in src.notes)  # no PEFT in TrainingArguments
     # a transformers 5 dump with no model dtype: the script's from_pretrained loads the checkpoint's own dtype
     assert any("checkpoint's own dtype" in n and "--precision mixed" in n for n in src.notes)
@@ -386,3 +389,24 @@ def test_trl_chunked_loss_and_qlora_adapters_are_named_as_not_modelled(tmp_path:
     assert (src.fields["method"], src.fields["precision"]) == ("qlora", "bf16")  # QLoRA computes in 16 bits
     assert [w.key for w in src.warnings] == ["loss_type"]
     assert any("bf16" in n and "adapters" in n for n in src.notes)
+
+
+@pytest.mark.parametrize(
+    ("text", "precision", "autocast"),
+    [
+        # LLaMA-Factory's bf16 is the Trainer's switch: autocast over the bf16 LoRA base; full without pure_bf16
+        # keeps fp32 weights (mixed, autocast implied); pure_bf16 trains in bf16 without autocast
+        ("model_name_or_path: gpt2\nstage: sft\nfinetuning_type: lora\nbf16: true\n", "bf16", True),
+        ("model_name_or_path: gpt2\nstage: sft\nfinetuning_type: full\nbf16: true\n", "mixed", None),
+        ("model_name_or_path: gpt2\nstage: sft\nfinetuning_type: full\npure_bf16: true\n", "bf16", None),
+        # a Trainer dump with the switch off: the checkpoint's dtype, no autocast
+        ('{"output_dir": "o", "per_device_train_batch_size": 1, "bf16": false, "fp16": false}', "bf16", False),
+        ('{"output_dir": "o", "per_device_train_batch_size": 1, "fp16": true}', "fp16", True),
+    ],
+)
+def test_the_trainers_bf16_switch_is_autocast_over_16_bit_weights(
+    tmp_path: Path, text: str, precision: str, autocast: bool | None
+) -> None:
+    name = "f.json" if text.startswith("{") else "f.yaml"
+    f = read_workload_file(write(tmp_path, name, text)).fields
+    assert (f["precision"], f.get("autocast")) == (precision, autocast)

@@ -31,6 +31,9 @@ def test_defaults_follow_the_contract() -> None:
         ({"shard": "fsdp"}, "--shard", "--gpus 2"),
         ({"task": "infer", "method": "lora"}, "--method", "training methods"),
         ({"method": "qlora", "precision": "mixed"}, "--precision", "4-bit"),
+        ({"autocast": True, "precision": "mixed"}, "--autocast", "--precision mixed"),
+        ({"autocast": True, "precision": "fp32"}, "--autocast", "16-bit weights"),
+        ({"autocast": True, "task": "infer"}, "--autocast", "training"),
         ({"colour": "red"}, "colour", "allowed"),
     ],
 )

@@ -37,6 +37,16 @@ _WORKLOAD_PARAMS: list[tuple[str, Any]] = [
     ("new_tokens", Annotated[int | None, typer.Option(help="tokens generated per sequence [default: 0]")]),
     ("image_size", Annotated[int | None, typer.Option(help="pixels per side, vision [default: 224]")]),
     ("precision", Annotated[str | None, typer.Option(help="bf16, fp16, fp32 or mixed [default: bf16]")]),
+    (
+        "autocast",
+        Annotated[
+            bool | None,
+            typer.Option(
+                "--autocast/--no-autocast",
+                help="forward under torch.autocast over 16-bit weights (the HF Trainer's bf16/fp16 switch)",
+            ),
+        ],
+    ),
     ("optim", Annotated[str | None, typer.Option(help="adamw, adamw8bit, sgd, adafactor [default: adamw]")]),
     (
         "grad_ckpt",

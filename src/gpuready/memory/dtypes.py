@@ -13,6 +13,10 @@ class Dtypes:
     act: int  # outputs of matmuls / convs (autocast runs them in bf16 under `mixed`)
     resid: int  # the residual stream and element-wise ops outside autocast's lists
     autocast: bool  # forward under torch.autocast(bfloat16) with fp32 weights
+    # forward under torch.autocast over 16-bit weights (--autocast: the HF Trainer's bf16/fp16 switch): the matmuls
+    # and the residual stream are as without it; what changes is what runs in fp32 around 16-bit weights (peft's
+    # fp32 adapters, whose inputs autocast casts back to 16 bits)
+    autocast16: bool = False
 
 
 def dtypes_for(w: Workload) -> Dtypes:
@@ -20,4 +24,4 @@ def dtypes_for(w: Workload) -> Dtypes:
         return Dtypes(param=4, act=2, resid=4, autocast=True)
     if w.precision == "fp32":
         return Dtypes(param=4, act=4, resid=4, autocast=False)
-    return Dtypes(param=2, act=2, resid=2, autocast=False)
+    return Dtypes(param=2, act=2, resid=2, autocast=False, autocast16=w.autocast)

@@ -381,6 +381,12 @@ def assumptions(
     dt = dtypes_for(w)
     if dt.autocast:
         out.append("mixed: fp32 weights, gradients and optimizer states; bf16 autocast copies of weights")
+    if dt.autocast16:
+        out.append(
+            f"autocast over the {w.precision} weights (the HF Trainer's {w.precision}=True): peft's fp32 adapters "
+            "keep 16-bit copies of their inputs; GPT-2's LayerNorms and gelu_new run in fp32 (measured: "
+            "docs/calibration/h200_heldout19_a.jsonl); other LayerNorm models and vision models sized as without it"
+        )
     if w.training:
         out.append(f"optimizer {w.optim} with PyTorch's default implementation (foreach on CUDA)")
     if w.shard == "fsdp":

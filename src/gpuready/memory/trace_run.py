@@ -26,6 +26,15 @@ DECODE_STEPS_TRACED = 3
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "mixed": "float32"}
 
 
+def _autocast(torch: Any, w: Workload) -> Any:
+    """The job's autocast: bf16 over fp32 weights (mixed), or in the weights' own dtype (--autocast)."""
+    if w.precision == "mixed":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    if w.autocast:
+        return torch.autocast("cpu", dtype=torch.float16 if w.precision == "fp16" else torch.bfloat16)
+    return nullcontext()
+
+
 def _config_dict(model: str) -> dict[str, Any]:
     preset = find_preset(model)
     if preset is not None:
@@ -216,7 +225,7 @@ def _train(torch: Any, model: Any, w: Workload, trace: Trace, recorder: Any, vis
         y = torch.zeros((w.batch,), dtype=torch.long)
     else:
         ids = torch.empty((w.batch, w.seq), dtype=torch.long)
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if w.precision == "mixed" else nullcontext()
+    autocast = _autocast(torch, w)
     for step in range(TRAIN_STEPS):
         # gradient accumulation: from the second micro-batch on, the first one's gradients are alive; two
         # micro-batches show every state the later ones repeat
@@ -272,7 +281,7 @@ def _infer_vision(torch: Any, model: Any, w: Workload, trace: Trace, cfg: dict[s
     trace.mark("load", "other")
     dtype = getattr(torch, _DTYPES[w.precision]) if w.precision in ("bf16", "fp16") else torch.float32
     x = torch.empty((w.batch, 3, w.image_size, w.image_size), dtype=dtype)
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if w.precision == "mixed" else nullcontext()
+    autocast = _autocast(torch, w)
     with torch.no_grad():
         for _ in range(2):
             trace.mark("forward", "activations")

@@ -8,12 +8,11 @@ How a job is measured follows ../shared/calibration/README.md exactly, so the pr
 h200.jsonl: the model is built from its config directly on the GPU in the workload's dtype (random weights;
 memory does not depend on the values), random token ids, `loss = model(input_ids=ids, labels=ids,
 use_cache=False).loss; loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)`, 3 steps (4 for vision),
-AdamW(lr=1e-5) with its defaults or SGD(momentum=0.9); `mixed` = fp32 model under bf16 autocast. QLoRA's base
+AdamW(lr=1e-5) with its defaults or SGD(momentum=0.9); `mixed` = fp32 model under bf16 autocast, `--autocast` = the
+16-bit model under autocast in its dtype (the HF Trainer's bf16/fp16 switch). QLoRA's base
 model is made 4-bit as from_pretrained with bitsandbytes makes it (trial/qlora.py).
-Two measurement switches (environment, for jobs run the way a trainer runs them; benchmarks/calibrate.py's `env=`):
-GPUREADY_PROBE_AUTOCAST=bf16 runs forward and loss under bf16 autocast whatever the weights' dtype (the HF Trainer's
-`bf16=True` over a model loaded in bf16); GPUREADY_PROBE_LORA_DTYPE=bf16 casts the trainable adapters to bf16 after
-peft wraps the model (TRL's SFTTrainer does this for a 4-bit model).
+One measurement switch (environment; benchmarks/calibrate.py's `env=`): GPUREADY_PROBE_LORA_DTYPE=bf16 casts the
+trainable adapters to bf16 after peft wraps the model (TRL's SFTTrainer does this for a 4-bit model).
 Peaks are torch.cuda.max_memory_allocated/reserved over the whole run; device overhead = NVML used − reserved
 at the end of the run (CUDA context, cuBLAS/cuDNN workspaces).
 """
@@ -47,13 +46,14 @@ def _dtype(torch: Any, precision: str) -> Any:
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "mixed": torch.float32}[precision]
 
 
-AUTOCAST_ENV = "GPUREADY_PROBE_AUTOCAST"
 LORA_DTYPE_ENV = "GPUREADY_PROBE_LORA_DTYPE"
 
 
-def _autocast(torch: Any, precision: str) -> Any:
-    if precision == "mixed" or os.environ.get(AUTOCAST_ENV) == "bf16":
+def _autocast(torch: Any, w: dict[str, Any]) -> Any:
+    if w["precision"] == "mixed":
         return torch.autocast("cuda", dtype=torch.bfloat16)
+    if w.get("autocast"):
+        return torch.autocast("cuda", dtype=_dtype(torch, w["precision"]))
     return contextlib.nullcontext()
 
 
@@ -295,7 +295,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
 
                 def step() -> None:
                     for _ in range(int(w["grad_accum"])):
-                        with _autocast(torch, w["precision"]):
+                        with _autocast(torch, w):
                             loss = _vision_loss(torch, model, x, y, spec)
                         loss.backward()  # type: ignore[no-untyped-call,unused-ignore]
                     opt.step()
@@ -307,7 +307,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
                 result["phase"] = "infer"
 
                 def step() -> None:
-                    with torch.no_grad(), _autocast(torch, w["precision"]):
+                    with torch.no_grad(), _autocast(torch, w):
                         _vision_forward(torch, model, x, spec)
 
                 count = 2
@@ -321,7 +321,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
 
                 def step() -> None:
                     for _ in range(int(w["grad_accum"])):
-                        with _autocast(torch, w["precision"]):
+                        with _autocast(torch, w):
                             loss = model(input_ids=ids, labels=ids, use_cache=False).loss
                         loss.backward()  # type: ignore[no-untyped-call,unused-ignore]
                     opt.step()
@@ -334,7 +334,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
                 n = int(w["new_tokens"])
 
                 def step() -> None:
-                    with torch.no_grad(), _autocast(torch, w["precision"]):
+                    with torch.no_grad(), _autocast(torch, w):
                         model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
 
                 count = 1
@@ -343,7 +343,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
                 result["phase"] = "prefill"
 
                 def step() -> None:
-                    with torch.no_grad(), _autocast(torch, w["precision"]):
+                    with torch.no_grad(), _autocast(torch, w):
                         model(ids, use_cache=True)
 
                 count = 2

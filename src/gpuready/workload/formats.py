@@ -531,10 +531,14 @@ def _precision_16(r: _Reader, bf16_means: str) -> None:
     bf16, fp16 = r.peek("bf16"), r.peek("fp16")
     if bf16 is not None and _as_bool(bf16):
         r.set("precision", bf16_means, "bf16", bf16)
+        if bf16_means == "bf16":  # the Trainer's switch: autocast over the bf16 weights (mixed implies it)
+            r.out.fields["autocast"] = True
         if str(bf16).lower() == "auto":
             r.note("bf16: auto sized as bf16 (axolotl picks bf16 where the GPU has it)")
     elif fp16 is not None and _as_bool(fp16):
         r.set("precision", "fp16" if bf16_means == "bf16" else "mixed", "fp16", fp16)
+        if bf16_means == "bf16":
+            r.out.fields["autocast"] = True
         if bf16_means != "bf16":
             r.note("fp16: fp32 weights under fp16 autocast, sized as mixed precision")
     elif bf16 is not None or fp16 is not None:
@@ -851,19 +855,23 @@ def _trainer_precision(r: _Reader, sft: bool) -> None:
         bf16 = _SFT_DEFAULTS["bf16"]
         r.note("no bf16 in the file: TRL's SFTConfig turns bf16 autocast on by default")
     qlora = r.out.fields.get("method") == "qlora"
+    switch = _as_bool(bf16 or False) or _as_bool(fp16 or False)  # the Trainer's autocast
     if dtype in ("bfloat16", "bf16", "float16", "fp16", "half"):
         assert key is not None
         r.set("precision", "bf16" if "b" in dtype else "fp16", key, r.peek(key))
-        r.also("bf16", "autocast over bf16 weights: no change")
-        r.also("fp16", "autocast over half weights: no change")
+        r.out.fields["autocast"] = switch
+        r.also("bf16", "autocast over the 16-bit weights" if _as_bool(bf16 or False) else "off")
+        r.also("fp16", "autocast over the 16-bit weights" if _as_bool(fp16 or False) else "off")
         return
     transformers4 = "push_to_hub_token" in r.flat
     if dtype == "auto" or (dtype is None and not transformers4) or qlora:
         # the checkpoint's dtype: bf16 for most published LLMs (GPT-2 is fp32, Llama 2 and Pythia fp16)
         half = "fp16" if (fp16 is not None and _as_bool(fp16)) else "bf16"
         r.out.fields["precision"] = half
-        r.also("bf16", f"precision = {half}" if half == "bf16" else "off")
-        r.also("fp16", f"precision = {half}" if half == "fp16" else "off")
+        r.out.fields["autocast"] = switch
+        on = f"precision = {half}, under autocast"
+        r.also("bf16", on if half == "bf16" and switch else "off")
+        r.also("fp16", on if half == "fp16" else "off")
         if key is not None:
             r.also(key, "the checkpoint's own dtype")
         if qlora:
@@ -875,8 +883,8 @@ def _trainer_precision(r: _Reader, sft: bool) -> None:
             why = "dtype: auto" if dtype == "auto" else "no model dtype in the file"
             r.note(
                 f"{why}: transformers 5 (and TRL) load the checkpoint's own dtype, sized as {half} (that of most "
-                f"published LLMs; autocast over {half} weights changes nothing); give --precision mixed for an fp32 "
-                "checkpoint (GPT-2), --precision fp16 for an fp16 one (Llama 2, Pythia)"
+                "published LLMs); give --precision mixed for an fp32 checkpoint (GPT-2), --precision fp16 for an "
+                "fp16 one (Llama 2, Pythia)"
             )
         return
     if key is not None:

@@ -34,6 +34,7 @@ DEFAULTS: dict[str, Any] = {
     "new_tokens": 0,
     "image_size": 224,
     "precision": "bf16",
+    "autocast": False,  # the HF Trainer's bf16/fp16 switch over 16-bit weights (mixed already runs under autocast)
     "optim": "adamw",
     "grad_ckpt": False,
     "grad_accum": 1,
@@ -62,6 +63,7 @@ INT_BOUNDS: dict[str, tuple[int, int]] = {
     "gpus": (1, 4096),
 }
 FIELDS: tuple[str, ...] = tuple(DEFAULTS)
+_BOOLS = ("grad_ckpt", "autocast")
 
 
 def _split_targets(value: Any) -> Any:
@@ -85,6 +87,13 @@ def _known_family(value: str | None) -> str | None:
 def _consistency_error(values: dict[str, Any]) -> str | None:
     if values["task"] == "infer" and values["method"] != "full":
         return "method: LoRA/QLoRA are training methods; use --task train or drop --method"
+    if values["autocast"] and values["precision"] not in ("bf16", "fp16"):
+        return (
+            "autocast: the switch for 16-bit weights (--precision bf16 or fp16); fp32 weights under autocast are "
+            "--precision mixed"
+        )
+    if values["autocast"] and values["task"] != "train":
+        return "autocast: modelled for training (the Trainer's bf16/fp16 switch); drop it for --task infer"
     if values["method"] == "qlora" and values["precision"] == "mixed":
         # mixed = fp32 weights under autocast; QLoRA's base is 4-bit, computed in bnb_4bit_compute_dtype
         return (
@@ -114,7 +123,7 @@ def _plain(fields: dict[str, Any]) -> dict[str, Any] | None:
         elif name == "model":
             if type(value) is not str or not value:
                 return None
-        elif name == "grad_ckpt":
+        elif name in _BOOLS:
             if type(value) is not bool:
                 return None
         elif name == "lora_targets":
@@ -153,6 +162,7 @@ class Workload:
     new_tokens: int
     image_size: int
     precision: Precision
+    autocast: bool
     optim: Optim
     grad_ckpt: bool
     grad_accum: int
@@ -264,7 +274,7 @@ def _pydantic_model() -> type[BaseModel]:
             specs[name] = (int, Field(default=default, ge=lo, le=hi))
         elif name in CHOICES:
             specs[name] = (Literal[CHOICES[name]], default)
-        elif name == "grad_ckpt":
+        elif name in _BOOLS:
             specs[name] = (bool, default)
         elif name == "lora_targets":
             specs[name] = (tuple[str, ...] | None, default)
@@ -299,6 +309,7 @@ def _range_hint(name: str) -> str | None:
 
 _ALLOWED_HINT = {
     "grad_ckpt": "true or false",
+    "autocast": "true or false",
     "model": "a preset name, hub id, config.json or model folder",
     "lora_targets": "comma-separated module names, e.g. q_proj,v_proj",
 }
@@ -359,7 +370,7 @@ def load_workload_file(path: str | Path) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in table.items()}
 
 
-_BOOL_FLAGS = {"grad_ckpt"}
+_BOOL_FLAGS = set(_BOOLS)
 
 
 def workload_from_args(args: list[str] | str) -> Workload:
@@ -406,7 +417,7 @@ def describe(w: Workload) -> str:
     parts += [f"batch {w.batch}", f"{w.image_size} px" if vision else f"seq {w.seq}"]
     if w.task == "infer" and w.new_tokens:
         parts.append(f"+{w.new_tokens} new tokens")
-    parts.append(w.precision)
+    parts.append(f"{w.precision} under autocast" if w.autocast else w.precision)
     if w.task == "train":
         parts.append(w.optim)
         if w.grad_ckpt:

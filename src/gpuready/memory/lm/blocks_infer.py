@@ -24,6 +24,7 @@ def block_nograd(
     cache_casts: bool = True,
     decode: bool = False,
     context: int = 0,
+    adapter_casts: list[int] | None = None,
 ) -> tuple[int, list[int]]:
     """One decoder layer's forward without autograd (inference, or the first pass of a checkpointed layer):
     tensors are freed as soon as Python drops them. Returns the new residual handle and, with cache_kv,
@@ -38,7 +39,10 @@ def block_nograd(
     to bf16 first (a temporary per projection); RoPE multiplies the bf16 q and k by fp32 cos and sin, so the
     rotated q and k are fp32; SDPA casts them back to bf16 for the kernel. Autocast caches only the casts of leaf
     weights that require grad (aten/src/ATen/autocast_mode.cpp, cached_cast's can_try_cache): with frozen weights
-    (`cache_casts` False: LoRA) each copy goes once its matmul has run."""
+    (`cache_casts` False: LoRA) each copy goes once its matmul has run.
+
+    `adapter_casts` (a list): a checkpointed LoRA layer's first pass under autocast over 16-bit weights
+    (--autocast): the adapters' 16-bit weight copies are cached the same way (appended to it)."""
     spec, dt, T = ctx.spec, ctx.dt, ctx.tokens
     h, e, r = spec.hidden, dt.act, dt.resid
     autocast = casts is not None
@@ -61,6 +65,8 @@ def block_nograd(
         of down_proj's input per layer at 4096 tokens, whose freed blocks take the checkpointed layer outputs."""
         if name not in adapted:
             return base
+        if adapter_casts is not None:
+            return peft_autocast(name, base, nbytes, adapter_casts)
         out = nbytes // e * 4
         x32 = prog.alloc("activations", T * in_features[name] * 4)
         lora_a = prog.alloc("activations", T * ctx.w.lora_r * 4)
@@ -75,6 +81,29 @@ def block_nograd(
         prog.free(total)
         prog.free(x32)
         return result
+
+    def peft_autocast(name: str, base: int, nbytes: int, cached: list[int]) -> int:
+        """The same under autocast over 16-bit weights (the recorded history ac_lora_llama8b_ckpt_b4): x cast to
+        fp32 (peft), A's weight copy (cached), x cast back to 16 bits for lora_A (gone once lora_A has run), lora_A's
+        output, B's weight copy (cached), then lora_B's output, times the scaling, plus the base output, in 16 bits:
+        the sum is the output; the fp32 x goes last."""
+        width, rank = in_features[name], ctx.w.lora_r
+        out = nbytes // e
+        x32 = prog.alloc("activations", T * width * 4)
+        cached.append(prog.alloc("activations", rank * width * e))
+        x16 = prog.alloc("activations", T * width * e)
+        lora_a = prog.alloc("activations", T * rank * e)
+        prog.free(x16)
+        cached.append(prog.alloc("activations", out // T * rank * e))
+        lora_b = prog.alloc("activations", nbytes)
+        prog.free(lora_a)
+        scaled = prog.alloc("activations", nbytes)
+        prog.free(lora_b)
+        total = prog.alloc("activations", nbytes)
+        prog.free(scaled)
+        prog.free(base)
+        prog.free(x32)
+        return total
 
     def project(name: str, nbytes: int, cast_input: bool) -> int:
         """A projection's output; under autocast its weight's bf16 copy (cached) and its input's bf16 cast."""

@@ -149,6 +149,8 @@ def plain_block_forward(
         if name not in ctx.lora:
             return base_output(name, out)
         base = base_output(name, out)
+        if dt.autocast16:
+            return project_autocast(name, width, out, base, stop)
         save(T * width * 4, 0, transient=(T * out * 4, T * width * 4))  # x in fp32, kept by lora_A
         names[name + ".x32"] = last_kept()
         save(T * rank * 4)  # lora_A's output, kept by lora_B
@@ -165,6 +167,34 @@ def plain_block_forward(
         res = alloc(T * out * e)
         prog.free(total)
         return res
+
+    def project_autocast(name: str, width: int, out: int, base: int, stop: bool) -> int:
+        """peft's lora.Linear.forward under autocast over 16-bit weights, as the recorded history
+        ac_llama1b_lora_b4 shows it: x cast to the adapter's fp32 (peft), then back to 16 bits by autocast for
+        lora_A (kept by lora_A, with autocast's 16-bit copy of A's weight); lora_A's output in 16 bits (kept by
+        lora_B, with B's weight copy); lora_B's output, times the scaling and plus the base output, in 16 bits (the
+        sum is the linear's output: no cast back); the fp32 x goes last."""
+        x32 = alloc(T * width * 4)
+        save(rank * width * e)  # autocast's copy of lora_A's weight
+        names[name + ".wa"] = last_kept()
+        save(T * width * e, 0, transient=(T * out * e, T * width * 4))  # x in 16 bits, kept by lora_A
+        names[name + ".x32"] = last_kept()
+        save(T * rank * e)  # lora_A's output, kept by lora_B
+        names[name + ".a"] = last_kept()
+        save(out * rank * e)  # lora_B's weight copy, kept by lora_B
+        names[name + ".wb"] = last_kept()
+        if stop:  # the recompute has made what lora_B keeps
+            prog.free(base)
+            prog.free(x32)
+            return 0
+        b = alloc(T * out * e)
+        scaled = alloc(T * out * e)
+        prog.free(b)
+        total = alloc(T * out * e)
+        prog.free(scaled)
+        prog.free(base)
+        prog.free(x32)
+        return total
 
     def head_norm(width: int, src: int) -> int:
         """Qwen3's q_norm / k_norm (RMSNorm over each head) on a projection's output, which it frees: x.to(fp32)
@@ -344,4 +374,86 @@ def gpt2_block_forward(prog: Program, ctx: Ctx, keep: bool) -> list[Saved]:
     save(T * h * r, T * h * e)  # residual, kept by the next block's ln_1
     prog.free(attn_drop)
     prog.free(mlp_drop)
+    return layer_.finish()
+
+
+def gpt2_block_forward_autocast(prog: Program, ctx: Ctx, residual_out: list[int] | None) -> list[Saved]:
+    """GPT-2's block under full fine-tuning with autocast over 16-bit weights (--autocast), as the recorded H200
+    history ac_gpt2_full_b8 shows it: each LayerNorm runs in fp32 (autocast's list) on an fp32 copy of its input,
+    which it keeps with the mean and rstd (and autocast's fp32 copies of its weight and bias), and returns an fp32
+    output that the next linear casts back to 16 bits and keeps; gelu_new's pow runs in fp32 on an fp32 copy of its
+    input (kept), so the chain after it is fp32 (tanh and 1 + tanh kept; 0.5 * x stays 16-bit); the product is cast
+    to 16 bits for the second c_proj (kept). The residuals are not kept (the norms keep their copies): the block's
+    output goes to `residual_out` and the caller frees its input once the block has returned."""
+    spec, dt, T = ctx.spec, ctx.dt, ctx.tokens
+    h, e, width = spec.hidden, dt.act, spec.intermediate
+    lins = {lin.name: lin for lin in spec.block_linears}
+    layer_ = Layer(prog, True)
+    alloc, save, free = layer_.alloc, layer_.save, prog.free
+
+    def weight_grad(name: str) -> None:
+        lin = lins[name]
+        layer_.weight_grad(lin.in_features * lin.out_features * dt.param)
+
+    def layer_norm() -> int:
+        """The fp32 output's handle."""
+        save(h * 4)  # autocast's fp32 copy of the weight (LayerNorm's backward reads it)
+        save(h * 4)  # and of the bias (held by autocast's cache)
+        save(T * h * 4, T * h * e)  # the input in fp32
+        out = alloc(T * h * 4)
+        save(T * 4)  # mean
+        save(T * 4)  # rstd
+        return out
+
+    def proj_dropout(name: str) -> int:
+        weight_grad(name)
+        out = alloc(T * h * e)
+        save(T * h)  # dropout's mask, one byte per element
+        dropped = alloc(T * h * e)
+        free(out)
+        return dropped
+
+    ln1 = layer_norm()
+    weight_grad("c_attn")
+    save(T * h * e, T * h * 4)  # c_attn's input cast to 16 bits, kept for the weight gradient
+    save(T * 3 * h * e, T * 3 * h * e)  # packed q, k, v
+    save(T * h * e, T * h * e)  # attention output
+    save(T * spec.heads * 4)  # log-sum-exp
+    attn_drop = proj_dropout("c_proj")
+    resid = alloc(T * h * e)  # residual + attention
+    free(ln1)
+    ln2 = layer_norm()
+    weight_grad("c_fc")
+    save(T * h * e, T * h * 4)  # c_fc's input cast to 16 bits
+    x = alloc(T * width * e)  # c_fc's output, gelu_new's input
+    save(T * width * e, T * width * e)  # 0.5 * x
+    save(T * width * 4, T * width * e)  # x in fp32, kept by pow
+    cube = alloc(T * width * 4)  # x ** 3
+    t = alloc(T * width * 4)  # 0.044715 * x ** 3
+    free(cube)
+    for _ in range(2):  # x + ..., sqrt(2 / pi) * (...)
+        t2 = alloc(T * width * 4)
+        free(t)
+        t = t2
+    save(T * width * 4, T * width * 4)  # tanh(...), kept by its backward
+    free(t)
+    save(T * width * 4, T * width * 4)  # 1 + tanh(...), kept by the product
+    prod = alloc(T * width * 4)  # 0.5 * x * (1 + tanh(...)), fp32
+    free(x)
+    save(T * width * e, T * width * 4)  # the product cast to 16 bits, kept by the second c_proj
+    weight_grad("mlp.c_proj")
+    out = alloc(T * h * e)
+    free(prod)
+    save(T * h)  # dropout's mask
+    mlp_drop = alloc(T * h * e)
+    free(out)
+    block_out = alloc(T * h * e)  # residual + MLP
+    free(ln2)
+    free(resid)
+    free(attn_drop)
+    free(mlp_drop)
+    if residual_out is not None:
+        residual_out.append(block_out)
+    else:
+        free(block_out)  # the caller's residual stream is modelled outside the layer
     return layer_.finish()

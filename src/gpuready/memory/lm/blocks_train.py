@@ -7,7 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpuready.memory.lm.autograd import Layer, Saved
-from gpuready.memory.lm.blocks_recorded import gpt2_block_forward, plain_block_forward, recorded_layer_order
+from gpuready.memory.lm.blocks_recorded import (
+    gpt2_block_forward,
+    gpt2_block_forward_autocast,
+    plain_block_forward,
+    recorded_layer_order,
+)
 from gpuready.memory.lm.context import GEMMA_NORMS, Ctx, layer_linears, layer_lora, mlp_width, softmax_upcast_copy
 from gpuready.memory.lm.moe import EXPERTS_INTERFACE_TYPES, grouped_experts_forward, llama4_experts_forward
 from gpuready.memory.lm.ops import rms_norm_frozen, rms_norm_start, rope
@@ -29,6 +34,8 @@ def block_forward(
         and ctx.backend in ("flash", "efficient")
         and ctx.w.task == "train"
     ):
+        if ctx.dt.autocast16 and keep:
+            return gpt2_block_forward_autocast(prog, ctx, residual_out)
         return gpt2_block_forward(prog, ctx, keep)
     spec, dt, T = ctx.spec, ctx.dt, ctx.tokens
     h, a, kv, d = spec.hidden, spec.heads, spec.kv_heads, spec.head_dim
@@ -76,9 +83,12 @@ def block_forward(
             # peft's Linear.forward: x cast to the adapter's fp32 (kept by lora_A), lora_A's output (kept by
             # lora_B), then lora_B's output, its product with the scaling and the sum with the base output, all
             # in fp32 before the result is cast back; backward makes fp32 gradients of the same sizes
-            out = T * lin.out_features * 4
-            save(T * width * (2 if dt.autocast else 4), 0, (), (out, T * width * 4))
-            save(T * ctx.w.lora_r * 4, 0, ())
+            # (under autocast the fp32 x is cast back to 16 bits for lora_A, which keeps that copy; over 16-bit
+            # weights the branch then runs in 16 bits, blocks_recorded.project_autocast)
+            half = dt.autocast or dt.autocast16
+            out = T * lin.out_features * (e if dt.autocast16 else 4)
+            save(T * width * (2 if half else 4), 0, (), (out, T * width * 4))
+            save(T * ctx.w.lora_r * (e if dt.autocast16 else 4), 0, ())
             prog.transient("activations", out, out)
 
     lins = {lin.name: lin for lin in layer_linears(spec, layer)}

@@ -72,6 +72,8 @@ class LoraBackward:
         self.T, self.e = ctx.tokens, ctx.dt.act
         self.widths = {lin.name: (lin.in_features, lin.out_features) for lin in ctx.spec.block_linears}
         self.quantized = ctx.w.method == "qlora"
+        self.autocast = ctx.dt.autocast16
+        self.pending: dict[int, bool] = {}  # under autocast: base-output gradients (the incoming one) to free
 
     def _weight_grad(self, nbytes: int) -> None:
         handle = self.prog.alloc("gradients", nbytes)
@@ -85,6 +87,15 @@ class LoraBackward:
         the linear's input needs none: then neither does the frozen base's output) and the scaled branch's."""
         prog, T = self.prog, self.T
         out = self.widths[name][1]
+        if self.autocast:
+            # the sum is the output (no cast back): its gradient reaches the base and the scaled branch as it is
+            scaled = prog.alloc("activations", T * out * self.e)
+            if not input_grad:
+                if free_g:
+                    prog.free(g)
+                return 0, scaled
+            self.pending[g] = free_g
+            return g, scaled
         g32 = prog.alloc("activations", T * out * 4)
         if free_g:
             prog.free(g)
@@ -99,6 +110,8 @@ class LoraBackward:
         when the embedding output needs no gradient) lora_A makes its weight's gradient only."""
         prog, T, e, r = self.prog, self.T, self.e, self.ctx.w.lora_r
         width, out = self.widths[name]
+        if self.autocast:
+            return self._tail_autocast(name, base, scaled, buf, input_grad)
         self._weight_grad(out * r * 4)
         gb = prog.alloc("activations", T * r * 4)
         prog.free(self.kept[name + ".a"])
@@ -119,6 +132,41 @@ class LoraBackward:
         else:
             gbase = prog.alloc("activations", T * width * e)
         prog.free(base)
+        return self._add(buf, gbase)
+
+    def _tail_autocast(self, name: str, base: int, scaled: int, buf: int, input_grad: bool) -> int:
+        """The same under autocast over 16-bit weights (the recorded history ac_llama1b_lora_b4): lora_B's
+        weight gradient in 16 bits, its input's; the saved copies go; the weight gradient cast to the adapter's
+        fp32; then lora_A's likewise, its input gradient cast to fp32 (autocast's cast) and back (peft's)."""
+        prog, T, e, r = self.prog, self.T, self.e, self.ctx.w.lora_r
+        width, out = self.widths[name]
+        kept = self.kept
+        wg = prog.alloc("activations", out * r * e)
+        gb = prog.alloc("activations", T * r * e)
+        prog.free_all([scaled, kept[name + ".wb"], kept[name + ".a"]])
+        self._weight_grad(out * r * 4)
+        prog.free(wg)
+        wg = prog.alloc("activations", r * width * e)
+        if not input_grad:
+            prog.free_all([gb, kept[name + ".wa"], kept[name + ".x32"]])
+            self._weight_grad(r * width * 4)
+            prog.free(wg)
+            return buf
+        gx16 = prog.alloc("activations", T * width * e)
+        prog.free_all([gb, kept[name + ".wa"], kept[name + ".x32"]])
+        gx32 = prog.alloc("activations", T * width * 4)
+        prog.free(gx16)
+        self._weight_grad(r * width * 4)
+        prog.free(wg)
+        gx = prog.alloc("activations", T * width * e)
+        prog.free(gx32)
+        buf = self._add(buf, gx)
+        if self.quantized:
+            gbase = nf4.input_grad(prog, width * out, e, T * width * e)
+        else:
+            gbase = prog.alloc("activations", T * width * e)
+        if self.pending.pop(base, False):
+            prog.free(base)
         return self._add(buf, gbase)
 
     def _add(self, buf: int, g: int) -> int:

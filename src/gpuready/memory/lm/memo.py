@@ -336,8 +336,10 @@ def layer_backward(memo: SpanMemo, saved: list[Saved], grads: list[int], accumul
 
 
 def layer_nograd(memo: SpanMemo, ctx: Ctx, x: int, layer: int, **options: Any) -> tuple[int, list[int]]:
-    """blocks_infer.block_nograd through the memo (not under autocast's cached weight casts, `casts`)."""
-    if not memo.enabled or ctx is not memo.ctx or options.get("casts") is not None:
+    """blocks_infer.block_nograd through the memo (not under autocast's cached weight casts, `casts` and
+    `adapter_casts`)."""
+    cached = options.get("casts") is not None or options.get("adapter_casts") is not None
+    if not memo.enabled or ctx is not memo.ctx or cached:
         return block_nograd(memo.prog, ctx, x, layer, **options)
 
     def run() -> tuple[list[int], Any]:

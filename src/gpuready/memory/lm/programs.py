@@ -153,6 +153,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                         keep_input=True,
                         casts=forward_copies if ckpt_casts else None,
                         cache_casts=ctx.full,
+                        **({"adapter_casts": forward_copies} if ctx.dt.autocast16 and ctx.lora else {}),
                     )
                     per_layer.append([])
                 elif lora_rec:
@@ -193,6 +194,8 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
             if ckpt_casts:
                 # the region ends: the final norm's output and the layers' cached weight copies go
                 prog.free(norm_out)
+                prog.free_all(forward_copies)
+            elif forward_copies:  # --autocast: the adapters' weight copies cached in the checkpointed first pass
                 prog.free_all(forward_copies)
             prog.set_phase("backward")
             g = logits_and_loss_backward(prog, ctx, kept)
