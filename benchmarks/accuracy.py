@@ -66,9 +66,6 @@ def main(argv: list[str]) -> int:
         if not row.get("peak_reserved_bytes"):
             skipped.append(f"{row['id']} (no measurement: {row.get('error', 'failed')})")
             continue
-        if row.get("env"):  # a probe switch no workload field says (calibrate.py `env=`): not what is sized
-            skipped.append(f"{row['id']} (measured with {', '.join(row['env'])}: not a job the estimator sizes)")
-            continue
         try:
             w = workload_from_args(str(row["args"]))
         except GpureadyError as exc:

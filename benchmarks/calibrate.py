@@ -2,8 +2,7 @@
 
 Each input line is a job written as `gpuready estimate` arguments (`#` starts a comment; an optional
 `id=NAME ` prefix names the row; with `--history-dir DIR`, a `history=NAME ` prefix records that job's caching
-allocator history into DIR/NAME.json through the probe's GPUREADY_PROBE_MEMORY_HISTORY; `env=NAME=VALUE ` sets one
-of the probe's measurement switches for that job, recorded in the row as `env`). Output: JSON lines
+allocator history into DIR/NAME.json through the probe's GPUREADY_PROBE_MEMORY_HISTORY). Output: JSON lines
 with exactly the keys of
 ../shared/calibration/h200.jsonl (id, args, gpu, gpus, peak_allocated_bytes, peak_reserved_bytes,
 device_overhead_bytes, params, trainable, step_seconds); inference rows add request_seconds (the probe's
@@ -28,11 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from gpuready.trial.backend import ProbeBackend
-from gpuready.trial.probe import LORA_DTYPE_ENV, MEMORY_HISTORY_ENV
+from gpuready.trial.probe import MEMORY_HISTORY_ENV
 from gpuready.workload import Workload, workload_from_args
 
-PREFIXES = ("id=", "history=", "env=")
-SWITCHES = (LORA_DTYPE_ENV,)
+PREFIXES = ("id=", "history=")
 
 
 def job_id(w: Workload) -> str:
@@ -45,7 +43,7 @@ def job_id(w: Workload) -> str:
     if w.new_tokens:
         parts.append(f"n{w.new_tokens}")
     if w.method != "full":
-        parts.append(f"r{w.lora_r}")
+        parts.append(f"r{w.lora_r}" + ("_bf16lora" if w.lora_dtype == "bf16" else ""))
     if w.lora_targets:
         parts.append("t-" + "-".join(t.removesuffix("_proj") for t in w.lora_targets))
     if w.optim != "adamw":
@@ -73,18 +71,10 @@ def main() -> int:
     with opts.out.open("a", encoding="utf-8") as out:
         for args in jobs:
             given_id = history = None
-            env: dict[str, str] = {}
             while args.startswith(PREFIXES):
                 word, _, args = args.partition(" ")
                 key, _, value = word.partition("=")
-                if key == "env":
-                    name, _, val = value.partition("=")
-                    env[name] = val
-                else:
-                    given_id, history = (value, history) if key == "id" else (given_id, value)
-            for name in SWITCHES:
-                os.environ.pop(name, None)
-            os.environ.update(env)
+                given_id, history = (value, history) if key == "id" else (given_id, value)
             os.environ.pop(MEMORY_HISTORY_ENV, None)
             if history and opts.history_dir:
                 opts.history_dir.mkdir(parents=True, exist_ok=True)
@@ -92,9 +82,8 @@ def main() -> int:
             workload = workload_from_args(args)
             t0 = time.perf_counter()
             point = ProbeBackend(workload, timeout=opts.timeout, nproc=opts.nproc).run_point({})
-            suffix = "".join(f"_{k.removeprefix('GPUREADY_PROBE_').lower()}-{v}" for k, v in env.items())
             row: dict[str, Any] = {
-                "id": given_id or job_id(workload) + suffix,
+                "id": given_id or job_id(workload),
                 "args": args,
                 "gpu": point.gpu,
                 "gpus": workload.gpus,
@@ -105,8 +94,6 @@ def main() -> int:
                 "trainable": point.trainable,
                 "step_seconds": point.step_seconds if (point.ok and workload.task == "train") else None,
             }
-            if env:
-                row["env"] = env  # the probe's measurement switches (trial/probe.py)
             if point.ok and workload.task == "infer":
                 # one request: the generate() call (new tokens), or the median prefill forward
                 row["request_seconds"] = point.step_seconds

@@ -85,7 +85,7 @@ def load_rows() -> list[Row]:
         for line in f.read_text(encoding="utf-8").splitlines():
             r = json.loads(line)
             seconds = r.get("step_seconds") or (r.get("request_seconds") if f in new_files else None)
-            if not seconds or r.get("env"):  # env: a probe switch the workload does not say (calibrate.py)
+            if not seconds:
                 continue
             w = workload_from_args(r["args"])
             key = (r["args"], w.gpus)

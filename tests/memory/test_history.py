@@ -251,6 +251,15 @@ AUTOCAST_ORDER = [
     ("ac_qlora_llama8b_b1.json.gz", "llama-3.1-8b --method qlora --batch 1 --seq 2048 --autocast"),
     ("ac_lora_llama8b_ckpt_b4.json.gz", "llama-3.1-8b --method lora --grad-ckpt --batch 4 --seq 2048 --autocast"),
     ("ac_qwen3_06b_full_ckpt_b8.json.gz", "qwen3-0.6b --batch 8 --seq 2048 --grad-ckpt --autocast"),
+    # TRL's QLoRA: adapters cast to bf16 (--lora-dtype bf16), with and without autocast, with checkpointing
+    ("trl_qlora_llama8b_b1.json.gz", "llama-3.1-8b --method qlora --batch 1 --seq 2048 --autocast --lora-dtype bf16"),
+    ("bf16lora_qlora_llama8b_b1.json.gz", "llama-3.1-8b --method qlora --batch 1 --seq 2048 --lora-dtype bf16"),
+    (
+        "trl_qlora_qwen3_4b_ckpt_b4.json.gz",
+        "qwen3-4b --method qlora --grad-ckpt --batch 4 --seq 2048 --autocast --lora-dtype bf16",
+    ),
+    # QLoRA's checkpointed first pass dequantizes every 4-bit weight (blocks_infer)
+    ("qlora_qwen3_4b_ckpt_b8_s2048.json.gz", "qwen3-4b --method qlora --grad-ckpt --batch 8 --seq 2048"),
 ]
 
 

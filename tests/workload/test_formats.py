@@ -387,8 +387,11 @@ def test_trl_chunked_loss_and_qlora_adapters_are_named_as_not_modelled(tmp_path:
     )
     src = read_workload_file(write(tmp_path, "q.yaml", text))
     assert (src.fields["method"], src.fields["precision"]) == ("qlora", "bf16")  # QLoRA computes in 16 bits
+    assert src.fields["lora_dtype"] == "bf16"  # TRL casts a 4-bit model's adapters to bf16
     assert [w.key for w in src.warnings] == ["loss_type"]
     assert any("bf16" in n and "adapters" in n for n in src.notes)
+    fp16 = read_workload_file(write(tmp_path, "h.yaml", text + "fp16: true\nbf16: false\n"))
+    assert fp16.fields["precision"] == "fp16" and "lora_dtype" not in fp16.fields
 
 
 @pytest.mark.parametrize(

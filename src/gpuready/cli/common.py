@@ -55,6 +55,12 @@ _WORKLOAD_PARAMS: list[tuple[str, Any]] = [
     ("grad_accum", Annotated[int | None, typer.Option(help="gradient accumulation steps [default: 1]")]),
     ("lora_r", Annotated[int | None, typer.Option(help="LoRA rank [default: 16]")]),
     ("lora_targets", Annotated[str | None, typer.Option(help="LoRA modules, comma-separated")]),
+    (
+        "lora_dtype",
+        Annotated[
+            str | None, typer.Option(help="LoRA adapters' dtype: fp32 (peft's) or bf16 (TRL's QLoRA) [default: fp32]")
+        ],
+    ),
     ("attn", Annotated[str | None, typer.Option(help="sdpa, eager or flash [default: sdpa]")]),
     ("gpus", Annotated[int | None, typer.Option(help="GPUs [default: 1]")]),
     (

@@ -17,6 +17,7 @@ class Dtypes:
     # and the residual stream are as without it; what changes is what runs in fp32 around 16-bit weights (peft's
     # fp32 adapters, whose inputs autocast casts back to 16 bits)
     autocast16: bool = False
+    lora16: bool = False  # peft's adapters cast to 16 bits (--lora-dtype bf16): no fp32 copies, 16-bit gradients
 
 
 def dtypes_for(w: Workload) -> Dtypes:
@@ -24,4 +25,4 @@ def dtypes_for(w: Workload) -> Dtypes:
         return Dtypes(param=4, act=2, resid=4, autocast=True)
     if w.precision == "fp32":
         return Dtypes(param=4, act=4, resid=4, autocast=False)
-    return Dtypes(param=2, act=2, resid=2, autocast=False, autocast16=w.autocast)
+    return Dtypes(param=2, act=2, resid=2, autocast=False, autocast16=w.autocast, lora16=w.lora_dtype == "bf16")

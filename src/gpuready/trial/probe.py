@@ -11,8 +11,8 @@ use_cache=False).loss; loss.backward(); opt.step(); opt.zero_grad(set_to_none=Tr
 AdamW(lr=1e-5) with its defaults or SGD(momentum=0.9); `mixed` = fp32 model under bf16 autocast, `--autocast` = the
 16-bit model under autocast in its dtype (the HF Trainer's bf16/fp16 switch). QLoRA's base
 model is made 4-bit as from_pretrained with bitsandbytes makes it (trial/qlora.py).
-One measurement switch (environment; benchmarks/calibrate.py's `env=`): GPUREADY_PROBE_LORA_DTYPE=bf16 casts the
-trainable adapters to bf16 after peft wraps the model (TRL's SFTTrainer does this for a 4-bit model).
+`--lora-dtype bf16`: the trainable adapters cast to bf16 after peft wraps the model (TRL's SFTTrainer does this for a
+4-bit model).
 Peaks are torch.cuda.max_memory_allocated/reserved over the whole run; device overhead = NVML used − reserved
 at the end of the run (CUDA context, cuBLAS/cuDNN workspaces).
 """
@@ -44,9 +44,6 @@ class ProbeSkip(Exception):
 
 def _dtype(torch: Any, precision: str) -> Any:
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "mixed": torch.float32}[precision]
-
-
-LORA_DTYPE_ENV = "GPUREADY_PROBE_LORA_DTYPE"
 
 
 def _autocast(torch: Any, w: dict[str, Any]) -> Any:
@@ -168,7 +165,7 @@ def _apply_lora(model: Any, spec: dict[str, Any]) -> Any:
     targets = list(w.get("lora_targets") or spec.get("lora_targets") or DEFAULT_LORA_TARGETS)
     cfg = LoraConfig(r=int(w["lora_r"]), lora_alpha=32, lora_dropout=0.0, target_modules=targets)
     model = get_peft_model(model, cfg)
-    if os.environ.get(LORA_DTYPE_ENV) == "bf16":
+    if w.get("lora_dtype") == "bf16":
         import torch
 
         for param in model.parameters():

@@ -922,10 +922,11 @@ def _trl(r: _Reader) -> None:
             else:
                 r.set("lora_targets", names, "lora_target_modules", targets)
         if four:
+            r.out.fields["lora_dtype"] = "bf16"
             r.note(
                 "QLoRA under TRL's SFTTrainer: recent TRL casts the adapters of a 4-bit model to bf16 "
-                "(sft_trainer.py); sized with peft's fp32 adapters, over by their fp32 copies of each input (a few "
-                "GiB without checkpointing, little with it)"
+                "(sft_trainer.py), sized so (--lora-dtype bf16); give --lora-dtype fp32 for a TRL that keeps peft's "
+                "fp32 adapters"
             )
     else:
         r.also("use_peft", "method = full")
@@ -958,6 +959,9 @@ def _trl(r: _Reader) -> None:
         r.out.fields["grad_ckpt"] = _SFT_DEFAULTS["gradient_checkpointing"]
         r.note("no gradient_checkpointing in the file: TRL's SFTConfig turns it on by default")
     _trainer_precision(r, sft)
+    if r.out.fields.get("lora_dtype") == "bf16" and r.out.fields.get("precision") != "bf16":
+        del r.out.fields["lora_dtype"]  # bf16 adapters are modelled over bf16 weights only
+        r.note("QLoRA in fp16: TRL's bf16 adapters not modelled over fp16 weights; sized with fp32 adapters (over)")
     loss = r.peek("loss_type")
     if loss is not None and str(loss).lower() == "chunked_nll":
         r.not_modelled["loss_type"] = "chunked cross-entropy never holds the whole logits: less than sized"

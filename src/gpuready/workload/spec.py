@@ -20,6 +20,7 @@ Method = Literal["full", "lora", "qlora"]
 Precision = Literal["bf16", "fp16", "fp32", "mixed"]
 Optim = Literal["adamw", "adamw8bit", "sgd", "adafactor"]
 Attn = Literal["sdpa", "eager", "flash"]
+LoraDtype = Literal["fp32", "bf16"]
 Shard = Literal["none", "ddp", "fsdp", "zero1", "zero2", "zero3"]
 
 # Every field, in order, with its default ("model" has none) and what it allows: the one statement of the rules,
@@ -40,6 +41,7 @@ DEFAULTS: dict[str, Any] = {
     "grad_accum": 1,
     "lora_r": 16,
     "lora_targets": None,
+    "lora_dtype": "fp32",  # peft's adapters: fp32 (autocast_adapter_dtype), or cast to bf16 (TRL does, for QLoRA)
     "attn": "sdpa",
     "gpus": 1,
     "shard": "none",
@@ -51,6 +53,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "precision": get_args(Precision),
     "optim": get_args(Optim),
     "attn": get_args(Attn),
+    "lora_dtype": get_args(LoraDtype),
     "shard": get_args(Shard),
 }
 INT_BOUNDS: dict[str, tuple[int, int]] = {
@@ -94,6 +97,10 @@ def _consistency_error(values: dict[str, Any]) -> str | None:
         )
     if values["autocast"] and values["task"] != "train":
         return "autocast: modelled for training (the Trainer's bf16/fp16 switch); drop it for --task infer"
+    if values["lora_dtype"] != "fp32" and values["method"] == "full":
+        return "lora-dtype: the adapters' dtype, for --method lora or qlora"
+    if values["lora_dtype"] == "bf16" and values["precision"] != "bf16":
+        return "lora-dtype: bf16 adapters are modelled over bf16 weights (--precision bf16)"
     if values["method"] == "qlora" and values["precision"] == "mixed":
         # mixed = fp32 weights under autocast; QLoRA's base is 4-bit, computed in bnb_4bit_compute_dtype
         return (
@@ -168,6 +175,7 @@ class Workload:
     grad_accum: int
     lora_r: int
     lora_targets: tuple[str, ...] | None
+    lora_dtype: LoraDtype
     attn: Attn
     gpus: int
     shard: Shard
@@ -408,7 +416,8 @@ def describe(w: Workload) -> str:
     """One line a person reads: `llama-3.1-8b · train · lora r=16 · batch 1 · seq 2048 · bf16 · adamw`."""
     parts = [w.model, w.task]
     if w.task == "train":
-        parts.append(w.method if w.method == "full" else f"{w.method} r={w.lora_r}")
+        lora = f"{w.method} r={w.lora_r}" + (f" ({w.lora_dtype} adapters)" if w.lora_dtype != "fp32" else "")
+        parts.append(w.method if w.method == "full" else lora)
     # image models take --image-size, not --seq (torchvision presets: resnet*, vit_*)
     from gpuready.models.presets import find_preset
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gpuready.memory.lm import nf4
 from gpuready.memory.lm.context import Ctx, layer_lora, mlp_width
 from gpuready.memory.lm.moe import (
     EXPERTS_INTERFACE_TYPES,
@@ -46,6 +47,8 @@ def block_nograd(
     spec, dt, T = ctx.spec, ctx.dt, ctx.tokens
     h, e, r = spec.hidden, dt.act, dt.resid
     autocast = casts is not None
+    # QLoRA's checkpointed first pass (training): each 4-bit linear dequantized as under autograd
+    quantized = ctx.w.method == "qlora" and ctx.w.task == "train"
     weights = {
         lin.name.split(".")[-1]: lin.in_features * lin.out_features * lin.count * 2 for lin in spec.block_linears
     }
@@ -65,6 +68,8 @@ def block_nograd(
         of down_proj's input per layer at 4096 tokens, whose freed blocks take the checkpointed layer outputs."""
         if name not in adapted:
             return base
+        if ctx.dt.lora16:
+            return peft_16(base, nbytes)
         if adapter_casts is not None:
             return peft_autocast(name, base, nbytes, adapter_casts)
         out = nbytes // e * 4
@@ -81,6 +86,19 @@ def block_nograd(
         prog.free(total)
         prog.free(x32)
         return result
+
+    def peft_16(base: int, nbytes: int) -> int:
+        """The same with 16-bit adapters (--lora-dtype bf16): lora_A reads x as it is; lora_A's output, lora_B's,
+        times the scaling, plus the base output, each freeing the one before."""
+        lora_a = prog.alloc("activations", T * ctx.w.lora_r * e)
+        lora_b = prog.alloc("activations", nbytes)
+        prog.free(lora_a)
+        scaled = prog.alloc("activations", nbytes)
+        prog.free(lora_b)
+        total = prog.alloc("activations", nbytes)
+        prog.free(scaled)
+        prog.free(base)
+        return total
 
     def peft_autocast(name: str, base: int, nbytes: int, cached: list[int]) -> int:
         """The same under autocast over 16-bit weights (the recorded history ac_lora_llama8b_ckpt_b4): x cast to
@@ -108,6 +126,8 @@ def block_nograd(
     def project(name: str, nbytes: int, cast_input: bool) -> int:
         """A projection's output; under autocast its weight's bf16 copy (cached) and its input's bf16 cast."""
         if casts is None:
+            if quantized and name in weights:  # the 4-bit weight dequantized around the matmul (nf4.py)
+                return peft(name, nf4.forward_output(prog, weights[name] // 2, e, nbytes), nbytes)
             return peft(name, prog.alloc("activations", nbytes), nbytes)
         copy = prog.alloc("autocast_weight_copies", weights.get(name, 0))
         cast = prog.alloc("activations", T * h * 2) if cast_input else 0

@@ -72,6 +72,7 @@ def plain_block_forward(
     full = ctx.full
     fp32 = e == 4
     quantized = ctx.w.method == "qlora"
+    lora16 = dt.lora16 and not full  # adapters in 16 bits: lora_A keeps its input itself (no fp32 copy)
     all_lins = {lin.name: lin for lin in spec.block_linears}
     lins = set(all_lins)
     layer_ = Layer(prog, keep)
@@ -149,6 +150,8 @@ def plain_block_forward(
         if name not in ctx.lora:
             return base_output(name, out)
         base = base_output(name, out)
+        if lora16:
+            return project_16(name, out, base, stop)
         if dt.autocast16:
             return project_autocast(name, width, out, base, stop)
         save(T * width * 4, 0, transient=(T * out * 4, T * width * 4))  # x in fp32, kept by lora_A
@@ -167,6 +170,29 @@ def plain_block_forward(
         res = alloc(T * out * e)
         prog.free(total)
         return res
+
+    def project_16(name: str, out: int, base: int, stop: bool) -> int:
+        """peft's lora.Linear.forward with 16-bit adapters (--lora-dtype bf16, as TRL casts them for QLoRA; the
+        recorded history trl_qlora_llama8b_b1): no cast, lora_A keeps its input as it is (the caller keeps that
+        tensor: keep_input), lora_A's output (kept by lora_B), then lora_B's output, times the scaling and plus
+        the base output, each freeing the one before; the sum is the output."""
+        save(T * rank * e)  # lora_A's output, kept by lora_B
+        names[name + ".a"] = last_kept()
+        if stop:
+            prog.free(base)
+            return 0
+        b = alloc(T * out * e)
+        scaled = alloc(T * out * e)
+        prog.free(b)
+        total = alloc(T * out * e)
+        prog.free(scaled)
+        prog.free(base)
+        return total
+
+    def keep_input(handle: int, name: str) -> None:
+        """A 16-bit adapter's input, kept by its lora_A until backward (LoraBackward frees it at the last reader)."""
+        save_handle(handle)
+        names[name] = last_kept()
 
     def project_autocast(name: str, width: int, out: int, base: int, stop: bool) -> int:
         """peft's lora.Linear.forward under autocast over 16-bit weights, as the recorded history
@@ -266,7 +292,9 @@ def plain_block_forward(
         save(T * a * 4)  # log-sum-exp, fp32
         names.update(q_rot=q_new, k_rot=k_new, v=v_out, lse=last_kept())
         o_out = project("o_proj", q_w, h)
-    if normed:
+    if normed and lora16:
+        keep_input(normed, "in.out")
+    elif normed:
         prog.free(normed)
     if gemma:
         o_out = gemma_norm(o_out)  # post-attention norm on the attention output
@@ -298,13 +326,21 @@ def plain_block_forward(
     down_out = project("down_proj", width, h, stop=stop_early)
     if stop_early:
         # the frames unwind: the MLP product, the norm's output, the mid-layer residual
-        prog.free(prod)
-        prog.free(normed)
+        if lora16:  # kept by down_proj's and gate/up's lora_A
+            keep_input(prod, "prod")
+            keep_input(normed, "post.out")
+        else:
+            prog.free(prod)
+            prog.free(normed)
         prog.free(resid)
         return layer_.finish()
-    if prod:
+    if prod and lora16:
+        keep_input(prod, "prod")
+    elif prod:
         prog.free(prod)
-    if normed:
+    if normed and lora16:
+        keep_input(normed, "post.out")
+    elif normed:
         prog.free(normed)
     if gemma:
         down_out = gemma_norm(down_out)  # post-feedforward norm

@@ -85,10 +85,12 @@ def block_forward(
             # in fp32 before the result is cast back; backward makes fp32 gradients of the same sizes
             # (under autocast the fp32 x is cast back to 16 bits for lora_A, which keeps that copy; over 16-bit
             # weights the branch then runs in 16 bits, blocks_recorded.project_autocast)
-            half = dt.autocast or dt.autocast16
-            out = T * lin.out_features * (e if dt.autocast16 else 4)
+            # (16-bit adapters keep the input itself: sized as a kept copy, a little over)
+            half = dt.autocast or dt.autocast16 or dt.lora16
+            sixteen = dt.autocast16 or dt.lora16
+            out = T * lin.out_features * (e if sixteen else 4)
             save(T * width * (2 if half else 4), 0, (), (out, T * width * 4))
-            save(T * ctx.w.lora_r * (e if dt.autocast16 else 4), 0, ())
+            save(T * ctx.w.lora_r * (e if sixteen else 4), 0, ())
             prog.transient("activations", out, out)
 
     lins = {lin.name: lin for lin in layer_linears(spec, layer)}

@@ -34,6 +34,8 @@ from gpuready.memory.lm.ops import flash_backward_workspace_bytes, norm_backward
 from gpuready.memory.program import Program
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# with 16-bit adapters, the adapter that reads a shared input last in backward frees it (v, k, q; up, gate; down)
+LAST_READER = {"q_proj": "in.out", "gate_proj": "post.out", "down_proj": "prod"}
 
 
 def lora_recorded(ctx: Ctx, layer: int) -> bool:
@@ -73,6 +75,7 @@ class LoraBackward:
         self.widths = {lin.name: (lin.in_features, lin.out_features) for lin in ctx.spec.block_linears}
         self.quantized = ctx.w.method == "qlora"
         self.autocast = ctx.dt.autocast16
+        self.lora16 = ctx.dt.lora16
         self.pending: dict[int, bool] = {}  # under autocast: base-output gradients (the incoming one) to free
 
     def _weight_grad(self, nbytes: int) -> None:
@@ -87,7 +90,7 @@ class LoraBackward:
         the linear's input needs none: then neither does the frozen base's output) and the scaled branch's."""
         prog, T = self.prog, self.T
         out = self.widths[name][1]
-        if self.autocast:
+        if self.autocast or self.lora16:
             # the sum is the output (no cast back): its gradient reaches the base and the scaled branch as it is
             scaled = prog.alloc("activations", T * out * self.e)
             if not input_grad:
@@ -110,6 +113,8 @@ class LoraBackward:
         when the embedding output needs no gradient) lora_A makes its weight's gradient only."""
         prog, T, e, r = self.prog, self.T, self.e, self.ctx.w.lora_r
         width, out = self.widths[name]
+        if self.lora16:
+            return self._tail_16(name, base, scaled, buf, input_grad)
         if self.autocast:
             return self._tail_autocast(name, base, scaled, buf, input_grad)
         self._weight_grad(out * r * 4)
@@ -133,6 +138,39 @@ class LoraBackward:
             gbase = prog.alloc("activations", T * width * e)
         prog.free(base)
         return self._add(buf, gbase)
+
+    def _tail_16(self, name: str, base: int, scaled: int, buf: int, input_grad: bool) -> int:
+        """The same with 16-bit adapters (--lora-dtype bf16; the recorded history trl_qlora_llama8b_b1): lora_B's
+        weight gradient and its input's, lora_A's weight gradient and its input's, all in 16 bits; the input lora_A
+        kept goes with its last reader; the first input gradient and the base's are summed into a new tensor (the
+        buffer), later ones added into it."""
+        prog, T, e, r = self.prog, self.T, self.e, self.ctx.w.lora_r
+        width, out = self.widths[name]
+        self._weight_grad(out * r * e)
+        gb = prog.alloc("activations", T * r * e)
+        prog.free_all([scaled, self.kept[name + ".a"]])
+        self._weight_grad(r * width * e)
+        owned = self.kept.get(LAST_READER.get(name, ""), 0)
+        if not input_grad:
+            prog.free_all([gb, owned])
+            return buf
+        gx = prog.alloc("activations", T * width * e)
+        prog.free_all([gb, owned])
+        first = not buf
+        if not first:
+            prog.free(gx)  # added into the buffer
+        if self.quantized:
+            gbase = nf4.input_grad(prog, width * out, e, T * width * e)
+        else:
+            gbase = prog.alloc("activations", T * width * e)
+        if self.pending.pop(base, False):
+            prog.free(base)
+        if first:
+            total = prog.alloc("activations", T * width * e)
+            prog.free_all([gx, gbase])
+            return total
+        prog.free(gbase)
+        return buf
 
     def _tail_autocast(self, name: str, base: int, scaled: int, buf: int, input_grad: bool) -> int:
         """The same under autocast over 16-bit weights (the recorded history ac_llama1b_lora_b4): lora_B's

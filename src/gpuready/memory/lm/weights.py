@@ -78,7 +78,7 @@ def load_weights(prog: Program, ctx: Ctx, whole_first: bool = True) -> Weights:
         units[unit].append(nbytes)
         if defer and cat == "lora_adapters":
             deferred.append(numel)
-            trainable.append(Trainable(numel, 4, shape))
+            trainable.append(Trainable(numel, 2 if ctx.dt.lora16 else 4, shape))
             return
         handles[unit].append(prog.alloc(cat, -(-nbytes // n) if meta else nbytes))
         if trains:
@@ -134,9 +134,16 @@ def load_weights(prog: Program, ctx: Ctx, whole_first: bool = True) -> Weights:
         prog.free(prog.alloc("weights", -(-spec.vocab * h * p // n) if meta else spec.vocab * h * p))
     moved = [prog.alloc("lora_adapters", numel * p) for numel in deferred]
     if p != 4:
+        cast: list[int] = []
         for handle, numel in zip(moved, deferred, strict=True):
-            prog.alloc("lora_adapters", numel * 4)
+            cast.append(prog.alloc("lora_adapters", numel * 4))
             prog.free(handle)
+        if ctx.dt.lora16:
+            # TRL's SFTTrainer then casts every trainable parameter of a 4-bit model to bf16 (param.data =
+            # param.data.to(bf16)), in the same order (recorded: trl_qlora_llama8b_b1)
+            for handle, numel in zip(cast, deferred, strict=True):
+                prog.alloc("lora_adapters", numel * 2)
+                prog.free(handle)
     if n > 1 and not meta:
         for sizes, full in zip(units, handles, strict=True):
             for nbytes in sizes:
