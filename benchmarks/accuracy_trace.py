@@ -13,30 +13,13 @@ import json
 import statistics
 import time
 from pathlib import Path
-from typing import Any
 
 from gpuready.errors import GpureadyError
 from gpuready.memory.trace import trace_estimate
-from gpuready.workload import Workload, make_workload
+from gpuready.workload import workload_from_args
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT = REPO.parent / "shared" / "calibration" / "h200.jsonl"
-BOOL_FLAGS = {"--grad-ckpt"}
-
-
-def workload_from_args(args: str) -> Workload:
-    tokens = args.split()
-    fields: dict[str, Any] = {"model": tokens[0]}
-    i = 1
-    while i < len(tokens):
-        flag = tokens[i]
-        if flag in BOOL_FLAGS:
-            fields[flag[2:]] = True
-            i += 1
-        else:
-            fields[flag[2:]] = tokens[i + 1]
-            i += 2
-    return make_workload(**fields)
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -20,11 +20,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from accuracy_trace import workload_from_args
 
 from gpuready.memory.history import load_history, replay_history
 from gpuready.memory.trace import _extrapolate_decode, _replay
 from gpuready.memory.trace_run import run_trace
+from gpuready.workload import workload_from_args
 
 GIB = 1024**3
 

@@ -355,7 +355,12 @@ def assumptions(
             out.append("Hugging Face loss: logits upcast to fp32, log-softmax kept for backward")
             if w.method != "full":
                 targets = ",".join(sorted(ctx.lora)) or "none"
-                out.append(f"LoRA r={w.lora_r} on {targets}; adapters in fp32 (peft autocast_adapter_dtype)")
+                kind = (
+                    "bf16 (cast after peft, as TRL does)"
+                    if w.lora_dtype == "bf16"
+                    else "fp32 (peft autocast_adapter_dtype)"
+                )
+                out.append(f"LoRA r={w.lora_r} on {targets}; adapters in {kind}")
                 if ctx.expert_lora:
                     out.append(
                         f"peft moves gate/up/down_proj onto the fused experts: gate_up_proj at rank "

@@ -93,6 +93,10 @@ def _build_on_meta(torch: Any, transformers: Any, cfg: dict[str, Any], w: Worklo
             lora = LoraConfig(r=w.lora_r, lora_alpha=32, lora_dropout=0.0, target_modules=targets)
             with torch.device("meta"):
                 model = get_peft_model(model, lora)
+            if w.lora_dtype == "bf16":  # TRL's cast of the adapters (trial/probe.py does the same)
+                for param in model.parameters():
+                    if param.requires_grad:
+                        param.data = param.data.to(torch.bfloat16)
     else:
         model.eval()
     return model

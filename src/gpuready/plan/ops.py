@@ -315,6 +315,16 @@ def _lora(s: _Steps, w: Workload, m: int, k_in: int, n_out: int, e: int, count: 
     is already fp32 (or autocast runs the GEMMs in bf16) and there are no casts."""
     rank = w.lora_r
     half_model = w.precision in ("bf16", "fp16")
+    if half_model and (w.autocast or w.lora_dtype == "bf16"):
+        # under autocast (or with 16-bit adapters) both GEMMs run in 16 bits and the update is added in 16 bits
+        # (blocks_recorded.project_autocast / project_16); autocast adds x's cast to fp32 and back (peft's, then
+        # its own) and the gradient's, 16-bit adapters none
+        _linear(s, "lora", m, k_in, rank, e, "half", fwd=fwd, dgrad=True, wgrad=True, count=count)
+        _linear(s, "lora", m, rank, n_out, e, "half", fwd=fwd, dgrad=True, wgrad=True, count=count)
+        casts = m * k_in * (e + 4) * 2 if w.lora_dtype != "bf16" else 0
+        s.add(_mem("lora", count * (casts + m * n_out * 3 * e * 2), count * (4 if casts else 2)), fwd)
+        s.add(_mem("lora", count * (casts + m * n_out * 2 * e + m * k_in * 3 * e), count * (5 if casts else 3)))
+        return
     math: Math = "fp32" if w.precision != "mixed" else "half"
     ge = 4 if w.precision != "mixed" else 2
     _linear(s, "lora", m, k_in, rank, ge, math, fwd=fwd, dgrad=True, wgrad=True, count=count)
