@@ -371,7 +371,9 @@ def assumptions(
                 out.append(
                     "QLoRA: bitsandbytes NF4 with double quantization (0.516 bytes/param), each weight loaded in "
                     f"{w.precision} and quantized, dequantized around every matmul; embeddings, norms and lm_head "
-                    "stay in that dtype (peft's prepare_model_for_kbit_training, which casts them to fp32, not applied)"
+                    "stay in that dtype; peft's prepare_model_for_kbit_training, which many QLoRA scripts call, casts "
+                    "them to fp32 and is not modelled: with it 4 jobs measured on an H200 took 15-35% more than sized "
+                    "here (docs/calibration/kbit_prep/h200.jsonl)"
                 )
             if w.grad_ckpt:
                 out.append("gradient checkpointing: each layer's input kept, the layer recomputed in backward")
