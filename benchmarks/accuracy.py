@@ -68,10 +68,10 @@ def main(argv: list[str]) -> int:
             continue
         try:
             w = workload_from_args(str(row["args"]))
-        except GpureadyError as exc:
+            est = estimate(w)
+        except GpureadyError as exc:  # a bad row, or a job the estimator refuses (--kbit-prep)
             skipped.append(f"{row['id']} ({exc})")
             continue
-        est = estimate(w)
         mr, ma = float(row["peak_reserved_bytes"]), float(row["peak_allocated_bytes"])  # type: ignore[arg-type]
         er, ea = pct(est.peak_reserved_bytes, mr), pct(est.peak_allocated_bytes, ma)
         errs_r.append(er)

@@ -43,7 +43,9 @@ def job_id(w: Workload) -> str:
     if w.new_tokens:
         parts.append(f"n{w.new_tokens}")
     if w.method != "full":
-        parts.append(f"r{w.lora_r}" + ("_bf16lora" if w.lora_dtype == "bf16" else ""))
+        parts.append(
+            f"r{w.lora_r}" + ("_bf16lora" if w.lora_dtype == "bf16" else "") + ("_kbitprep" if w.kbit_prep else "")
+        )
     if w.lora_targets:
         parts.append("t-" + "-".join(t.removesuffix("_proj") for t in w.lora_targets))
     if w.optim != "adamw":

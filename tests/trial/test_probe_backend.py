@@ -239,3 +239,48 @@ def test_the_probe_runs_autocast_as_the_workload_says() -> None:
     _autocast(torch, {"precision": "bf16", "autocast": True})
     assert isinstance(_autocast(torch, {"precision": "bf16", "autocast": False}), contextlib.nullcontext)
     assert made == [("cuda", "bf16"), ("cuda", "fp16"), ("cuda", "bf16")]
+
+
+def test_the_probe_prepares_a_4bit_model_and_casts_adapters_as_the_workload_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--kbit-prep: peft's prepare_model_for_kbit_training before the adapters (checkpointing as the job says);
+    --lora-dtype bf16: the trainable parameters cast to bf16 after get_peft_model (TRL's cast)."""
+    import sys
+    import types
+
+    from gpuready.trial.probe import _apply_lora
+
+    calls: list[str] = []
+
+    class Param:
+        def __init__(self, trains: bool) -> None:
+            self.requires_grad, self.data = trains, types.SimpleNamespace(to=lambda dtype: f"cast:{dtype}")
+
+    class Model:
+        def __init__(self) -> None:
+            self.params = [Param(True), Param(False)]
+
+        def parameters(self) -> list[Param]:
+            return self.params
+
+    def prepare(model: Model, use_gradient_checkpointing: bool, gradient_checkpointing_kwargs: object) -> Model:
+        calls.append(f"prepare ckpt={use_gradient_checkpointing}")
+        return model
+
+    def wrap(model: Model, cfg: object) -> Model:
+        calls.append("get_peft_model")
+        return model
+
+    peft = types.SimpleNamespace(
+        LoraConfig=lambda **kw: kw, get_peft_model=wrap, prepare_model_for_kbit_training=prepare
+    )
+    monkeypatch.setitem(sys.modules, "peft", peft)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(bfloat16="bf16"))
+    job = {"lora_r": 16, "grad_ckpt": True, "kbit_prep": True, "lora_dtype": "bf16"}
+    model = _apply_lora(Model(), {"workload": job})
+    assert calls == ["prepare ckpt=True", "get_peft_model"]
+    assert [p.data for p in model.params[:1]] == ["cast:bf16"] and not isinstance(model.params[1].data, str)
+    calls.clear()
+    _apply_lora(Model(), {"workload": {**job, "kbit_prep": False, "lora_dtype": "fp32"}})
+    assert calls == ["get_peft_model"]

@@ -34,6 +34,10 @@ def test_defaults_follow_the_contract() -> None:
         ({"autocast": True, "precision": "mixed"}, "--autocast", "--precision mixed"),
         ({"autocast": True, "precision": "fp32"}, "--autocast", "16-bit weights"),
         ({"autocast": True, "task": "infer"}, "--autocast", "training"),
+        ({"kbit_prep": True, "method": "lora", "autocast": True}, "--kbit-prep", "--method qlora"),
+        ({"kbit_prep": True, "method": "qlora"}, "--kbit-prep", "--autocast"),
+        ({"lora_dtype": "bf16", "method": "full"}, "--lora-dtype", "--method lora"),
+        ({"lora_dtype": "bf16", "method": "lora", "precision": "fp16"}, "--lora-dtype", "--precision bf16"),
         ({"colour": "red"}, "colour", "allowed"),
     ],
 )

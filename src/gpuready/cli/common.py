@@ -47,6 +47,16 @@ _WORKLOAD_PARAMS: list[tuple[str, Any]] = [
             ),
         ],
     ),
+    (
+        "kbit_prep",
+        Annotated[
+            bool | None,
+            typer.Option(
+                "--kbit-prep/--no-kbit-prep",
+                help="QLoRA: peft's prepare_model_for_kbit_training before the adapters (fp32 embeddings, norms, head)",
+            ),
+        ],
+    ),
     ("optim", Annotated[str | None, typer.Option(help="adamw, adamw8bit, sgd, adafactor [default: adamw]")]),
     (
         "grad_ckpt",

@@ -154,6 +154,13 @@ def clear_caches() -> None:
 
 
 def _check_supported(spec: ModelSpec, w: Workload) -> None:
+    if w.kbit_prep:
+        # measured (docs/calibration/h200_kbitprep_a.jsonl: 15-35% above the same jobs without it), not modelled
+        raise InputError(
+            "--kbit-prep",
+            "prepare_model_for_kbit_training is measured, not modelled yet (its fp32 copies add 15-35% on the "
+            "H200 jobs in docs/accuracy.md); measure the job with `gpuready trial ... --kbit-prep`",
+        )
     if w.shard in ("zero1", "zero2", "zero3"):
         raise InputError("--shard", f"{w.shard} (DeepSpeed) is not modelled yet; allowed here: none, ddp, fsdp")
     if spec.kind == "vision" and w.shard == "fsdp":
@@ -373,7 +380,7 @@ def assumptions(
                     f"{w.precision} and quantized, dequantized around every matmul; embeddings, norms and lm_head "
                     "stay in that dtype; peft's prepare_model_for_kbit_training, which many QLoRA scripts call, casts "
                     "them to fp32 and is not modelled: with it 4 jobs measured on an H200 took 15-35% more than sized "
-                    "here (docs/calibration/kbit_prep/h200.jsonl)"
+                    "here (--kbit-prep: measured by `trial`, refused by `estimate`)"
                 )
             if w.grad_ckpt:
                 out.append("gradient checkpointing: each layer's input kept, the layer recomputed in backward")

@@ -13,6 +13,7 @@ AdamW(lr=1e-5) with its defaults or SGD(momentum=0.9); `mixed` = fp32 model unde
 model is made 4-bit as from_pretrained with bitsandbytes makes it (trial/qlora.py).
 `--lora-dtype bf16`: the trainable adapters cast to bf16 after peft wraps the model (TRL's SFTTrainer does this for a
 4-bit model).
+`--kbit-prep`: peft's prepare_model_for_kbit_training before the adapters (QLoRA scripts call it).
 Peaks are torch.cuda.max_memory_allocated/reserved over the whole run; device overhead = NVML used − reserved
 at the end of the run (CUDA context, cuBLAS/cuDNN workspaces).
 """
@@ -164,6 +165,12 @@ def _apply_lora(model: Any, spec: dict[str, Any]) -> Any:
 
     targets = list(w.get("lora_targets") or spec.get("lora_targets") or DEFAULT_LORA_TARGETS)
     cfg = LoraConfig(r=int(w["lora_r"]), lora_alpha=32, lora_dropout=0.0, target_modules=targets)
+    if w.get("kbit_prep"):
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=w["grad_ckpt"], gradient_checkpointing_kwargs={"use_reentrant": False}
+        )
     model = get_peft_model(model, cfg)
     if w.get("lora_dtype") == "bf16":
         import torch

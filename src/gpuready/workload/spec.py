@@ -41,7 +41,8 @@ DEFAULTS: dict[str, Any] = {
     "grad_accum": 1,
     "lora_r": 16,
     "lora_targets": None,
-    "lora_dtype": "fp32",  # peft's adapters: fp32 (autocast_adapter_dtype), or cast to bf16 (TRL does, for QLoRA)
+    "lora_dtype": "fp32",  # peft's adapters: fp32 (autocast_adapter_dtype), or cast to bf16 (TRL, for QLoRA)
+    "kbit_prep": False,  # peft's prepare_model_for_kbit_training before the adapters (QLoRA scripts)
     "attn": "sdpa",
     "gpus": 1,
     "shard": "none",
@@ -66,7 +67,7 @@ INT_BOUNDS: dict[str, tuple[int, int]] = {
     "gpus": (1, 4096),
 }
 FIELDS: tuple[str, ...] = tuple(DEFAULTS)
-_BOOLS = ("grad_ckpt", "autocast")
+_BOOLS = ("grad_ckpt", "autocast", "kbit_prep")
 
 
 def _split_targets(value: Any) -> Any:
@@ -101,6 +102,12 @@ def _consistency_error(values: dict[str, Any]) -> str | None:
         return "lora-dtype: the adapters' dtype, for --method lora or qlora"
     if values["lora_dtype"] == "bf16" and values["precision"] != "bf16":
         return "lora-dtype: bf16 adapters are modelled over bf16 weights (--precision bf16)"
+    if values["kbit_prep"] and values["method"] != "qlora":
+        return "kbit-prep: peft's prepare_model_for_kbit_training, for --method qlora"
+    if values["kbit_prep"] and not values["autocast"]:
+        return "kbit-prep: modelled under the Trainer's autocast (add --autocast)"
+    if values["kbit_prep"] and values["lora_dtype"] != "fp32":
+        return "kbit-prep: modelled with peft's fp32 adapters (--lora-dtype fp32)"
     if values["method"] == "qlora" and values["precision"] == "mixed":
         # mixed = fp32 weights under autocast; QLoRA's base is 4-bit, computed in bnb_4bit_compute_dtype
         return (
@@ -176,6 +183,7 @@ class Workload:
     lora_r: int
     lora_targets: tuple[str, ...] | None
     lora_dtype: LoraDtype
+    kbit_prep: bool
     attn: Attn
     gpus: int
     shard: Shard
@@ -318,6 +326,7 @@ def _range_hint(name: str) -> str | None:
 _ALLOWED_HINT = {
     "grad_ckpt": "true or false",
     "autocast": "true or false",
+    "kbit_prep": "true or false",
     "model": "a preset name, hub id, config.json or model folder",
     "lora_targets": "comma-separated module names, e.g. q_proj,v_proj",
 }
@@ -417,6 +426,7 @@ def describe(w: Workload) -> str:
     parts = [w.model, w.task]
     if w.task == "train":
         lora = f"{w.method} r={w.lora_r}" + (f" ({w.lora_dtype} adapters)" if w.lora_dtype != "fp32" else "")
+        lora += " (prepare_model_for_kbit_training)" if w.kbit_prep else ""
         parts.append(w.method if w.method == "full" else lora)
     # image models take --image-size, not --seq (torchvision presets: resnet*, vit_*)
     from gpuready.models.presets import find_preset
