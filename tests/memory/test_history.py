@@ -258,6 +258,11 @@ AUTOCAST_ORDER = [
         "trl_qlora_qwen3_4b_ckpt_b4.json.gz",
         "qwen3-4b --method qlora --grad-ckpt --batch 4 --seq 2048 --autocast --lora-dtype bf16",
     ),
+    # prepare_model_for_kbit_training (--kbit-prep, lm/kbit_prep.py): without and with checkpointing, qwen2.5's biases
+    ("kbit_prep_3.json.gz", "llama-3.1-8b --method qlora --batch 1 --seq 2048 --autocast --kbit-prep"),
+    ("kbit_prep_1.json.gz", "llama-3.1-8b --method qlora --grad-ckpt --batch 1 --seq 2048 --autocast --kbit-prep"),
+    ("kbit_prep_2.json.gz", "llama-3.1-8b --method qlora --grad-ckpt --batch 4 --seq 2048 --autocast --kbit-prep"),
+    ("kbit_prep_4.json.gz", "qwen2.5-3b --method qlora --grad-ckpt --batch 4 --seq 2048 --autocast --kbit-prep"),
     # QLoRA's checkpointed first pass dequantizes every 4-bit weight (blocks_infer)
     ("qlora_qwen3_4b_ckpt_b8_s2048.json.gz", "qwen3-4b --method qlora --grad-ckpt --batch 8 --seq 2048"),
 ]

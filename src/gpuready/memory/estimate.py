@@ -153,13 +153,24 @@ def clear_caches() -> None:
     _first_batch.clear()
 
 
+def _kbit_prep_modelled(spec: ModelSpec, w: Workload) -> bool:
+    """--kbit-prep follows the recorded LoRA layer (lm/kbit_prep.py), so it needs that layer on every layer."""
+    from gpuready.memory.lm.context import make_ctx
+    from gpuready.memory.lm.lora_recorded import lora_recorded
+
+    if spec.kind != "lm" or w.gpus > 1:
+        return False
+    ctx = make_ctx(spec, w)
+    return not spec.qk_norm and all(lora_recorded(ctx, layer) for layer in range(spec.layers))
+
+
 def _check_supported(spec: ModelSpec, w: Workload) -> None:
-    if w.kbit_prep:
-        # measured (docs/calibration/h200_kbitprep_a.jsonl: 15-35% above the same jobs without it), not modelled
+    if w.kbit_prep and not _kbit_prep_modelled(spec, w):
         raise InputError(
             "--kbit-prep",
-            "prepare_model_for_kbit_training is measured, not modelled yet (its fp32 copies add 15-35% on the "
-            "H200 jobs in docs/accuracy.md); measure the job with `gpuready trial ... --kbit-prep`",
+            "prepare_model_for_kbit_training is modelled on one GPU for plain decoders (llama, mistral, qwen2/3) "
+            "with LoRA on all seven linears and flash or memory-efficient attention; measure others with "
+            "`gpuready trial ... --kbit-prep`",
         )
     if w.shard in ("zero1", "zero2", "zero3"):
         raise InputError("--shard", f"{w.shard} (DeepSpeed) is not modelled yet; allowed here: none, ddp, fsdp")
@@ -378,9 +389,13 @@ def assumptions(
                 out.append(
                     "QLoRA: bitsandbytes NF4 with double quantization (0.516 bytes/param), each weight loaded in "
                     f"{w.precision} and quantized, dequantized around every matmul; embeddings, norms and lm_head "
-                    "stay in that dtype; peft's prepare_model_for_kbit_training, which many QLoRA scripts call, casts "
-                    "them to fp32 and is not modelled: with it 4 jobs measured on an H200 took 15-35% more than sized "
-                    "here (--kbit-prep: measured by `trial`, refused by `estimate`)"
+                    + (
+                        "cast to fp32 by peft's prepare_model_for_kbit_training (--kbit-prep): fp32 residual stream, "
+                        "norms and 4-bit linear outputs, autocast's bf16 copies around them"
+                        if w.kbit_prep
+                        else "stay in that dtype; give --kbit-prep if the script calls peft's "
+                        "prepare_model_for_kbit_training (most QLoRA tutorials do: 15-35% more on 4 H200 jobs)"
+                    )
                 )
             if w.grad_ckpt:
                 out.append("gradient checkpointing: each layer's input kept, the layer recomputed in backward")

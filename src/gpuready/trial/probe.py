@@ -168,7 +168,7 @@ def _apply_lora(model: Any, spec: dict[str, Any]) -> Any:
     if w.get("kbit_prep"):
         from peft import prepare_model_for_kbit_training
 
-        model = prepare_model_for_kbit_training(
+        model = prepare_model_for_kbit_training(  # type: ignore[no-untyped-call,unused-ignore]
             model, use_gradient_checkpointing=w["grad_ckpt"], gradient_checkpointing_kwargs={"use_reentrant": False}
         )
     model = get_peft_model(model, cfg)

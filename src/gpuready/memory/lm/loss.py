@@ -49,12 +49,15 @@ def final_norm_backward_frozen(prog: Program, ctx: Ctx, dx: int, kept: list[int]
     return norm_backward_frozen(prog, ctx.tokens, ctx.spec.hidden, ctx.tokens, ctx.dt.act, dx, kept[0], kept[1])
 
 
-def logits_and_loss_forward(prog: Program, ctx: Ctx, held: int = 0) -> list[int]:
+def logits_and_loss_forward(prog: Program, ctx: Ctx, held: int = 0, cast_input: bool = False) -> list[int]:
     """lm_head output -> .float() -> log_softmax (kept) ; returns handles kept for backward. `held`: the final
     norm's output when nothing keeps it for backward (frozen lm_head), freed once the loss is computed, before the
-    logits (the recorded history qwen3_8b_lora_ckpt_s2048_b5_cap40)."""
+    logits (the recorded history qwen3_8b_lora_ckpt_s2048_b5_cap40). `cast_input`: autocast casts lm_head's fp32
+    input to bf16 around the matmul (--kbit-prep, lm/kbit_prep.py)."""
     T, V, e = ctx.tokens, ctx.spec.vocab, ctx.dt.act
+    cast = prog.alloc("activations", T * ctx.spec.hidden * 2) if cast_input else 0
     logits = prog.alloc("logits_and_loss", T * V * e)
+    prog.free(cast)
     kept: list[int] = []
     if ctx.spec.logit_softcap:
         # gemma2: logits / cap (the logits go), tanh (kept), * cap, as the recorded history of gemma-2-2b shows

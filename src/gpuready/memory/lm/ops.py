@@ -130,6 +130,10 @@ def rotary_tables(prog: Program, ctx: Ctx, batch: int, seq: int, first_matmul: b
         scaled = prog.alloc("activations", n * 4)
         prog.free(t)
         tables.append(scaled)
+    if ctx.w.kbit_prep and ctx.w.task == "train":  # the fp32 hidden states: cos.to(dtype) is cos itself
+        prog.free(freqs)
+        prog.free(emb)
+        return tables
     out = [prog.alloc("activations", n * ctx.dt.act) for _ in tables]
     prog.free(freqs)
     prog.free(emb)

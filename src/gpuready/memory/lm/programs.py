@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from gpuready.memory.ddp import DdpBuckets
+from gpuready.memory.lm import kbit_prep
 from gpuready.memory.lm.autocast_ckpt import mixed_ckpt_layer_backward, mixed_ckpt_recorded
 from gpuready.memory.lm.autograd import Saved, block_backward
 from gpuready.memory.lm.blocks_infer import block_nograd
@@ -87,6 +88,10 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
     # ends as that leaf's .grad; both live as long as the step's `loss` (its graph's AccumulateGrad node): after
     # zero_grad, until the next step's embedding (qwen3_8b_lora_ckpt_s2048_b5_cap40). With one micro-batch only.
     held_input = lora_rec and w.grad_ckpt and w.grad_accum == 1
+    # QLoRA after prepare_model_for_kbit_training (lm/kbit_prep.py): an fp32 residual stream
+    prep = lora_rec and w.kbit_prep
+    if prep:
+        r = 4
     state: list[int] | None = None
 
     def one_step(step: int) -> None:
@@ -141,6 +146,10 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 if neox:
                     x, kept_layer = neox_train_forward(prog, ctx, x)
                     neox_kept.append(kept_layer)
+                elif w.grad_ckpt and prep:
+                    ckpt_inputs.append(x)
+                    x = kbit_prep.block_first_pass(prog, ctx, x, forward_copies)
+                    per_layer.append([])
                 elif w.grad_ckpt:
                     # non-reentrant checkpointing keeps each layer's input and recomputes the rest in backward
                     ckpt_inputs.append(x)
@@ -156,6 +165,11 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                         **({"adapter_casts": forward_copies} if ctx.dt.autocast16 and ctx.lora else {}),
                     )
                     per_layer.append([])
+                elif prep:
+                    named.append({})
+                    prep_saved, out = kbit_prep.block_forward(prog, ctx, x, named[-1], input_grad=layer > 0)
+                    per_layer.append(prep_saved)
+                    x, replaced = out, True  # (the input goes with the norm's backward; the first, after the norm)
                 elif lora_rec:
                     named.append({})
                     # without checkpointing the embedding output needs no gradient (lora_recorded.LoraBackward.run)
@@ -182,6 +196,9 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 final.append(prog.alloc("activations", T * h * e))
             elif neox:
                 final = [prog.alloc("activations", T * h * r)]  # final_layer_norm's output (it keeps its input, x)
+            elif prep:
+                final, frozen_out = kbit_prep.final_norm(prog, ctx, x)
+                x = 0
             elif recorded_layer_order(ctx, spec.layers - 1) and spec.model_type != "gemma2":
                 final, x, frozen_out = final_norm_forward(prog, ctx, x)
             else:
@@ -190,7 +207,9 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                     final.append(prog.alloc("activations", T * h * e))  # lm_head keeps its input
             if replaced:
                 prog.free(embeds)  # the base model returns (fsdp_qwen3b_b2: after the final norm, before lm_head)
-            kept = logits_and_loss_forward(prog, ctx, frozen_out)
+            if prep:  # lm_head's fp32 weight cast to bf16 by autocast (frozen: not cached), kept for backward
+                head_cast = prog.alloc("autocast_weight_copies", spec.vocab * h * 2)
+            kept = logits_and_loss_forward(prog, ctx, frozen_out, cast_input=prep)
             if ckpt_casts:
                 # the region ends: the final norm's output and the layers' cached weight copies go
                 prog.free(norm_out)
@@ -249,7 +268,12 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                     backward_workspace = False
                 prog.free(g)
             prog.free(head_cast)  # checkpointing under autocast without full fine-tuning (no lm_head gradient)
-            if frozen_out:
+            if prep:
+                dx32 = prog.alloc("activations", T * h * 4)  # autocast's cast of lm_head's input, backward
+                prog.free(dx)
+                dx = kbit_prep.final_norm_backward(prog, ctx, dx32, final)
+                final = []
+            elif frozen_out:
                 dx = final_norm_backward_frozen(prog, ctx, dx, final)  # frees the fp32 input and rsqrt it kept
                 final = []
             if recorded_mixed:
@@ -288,6 +312,19 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                         fsdp.prefetch(layer - 1)
                 if recorded_mixed:
                     mixed_ckpt_layer_backward(prog, ctx, ckpt_inputs[layer], grads, accumulate)
+                    continue
+                if prep:
+                    bw = kbit_prep.PrepBackward(prog, ctx, {} if w.grad_ckpt else named[layer], grads, accumulate)
+                    first_tables = tables if layer == 0 else []
+                    if w.grad_ckpt:
+                        bw.ckpt = True
+                        scaled = bw.head16("down_proj")  # the nodes that need no saved tensor, before the recompute
+                        kbit_prep.block_forward(prog, ctx, ckpt_inputs[layer], bw.kept, stop_early=True)
+                        bw.run32(dx, True, scaled, first_tables, hold_input=held_input and layer == 0)
+                    else:
+                        bw.run32(dx, layer > 0, tables=first_tables)
+                        if layer == 0:
+                            dx = 0  # freed by the first layer's o_proj backward
                     continue
                 if lora_rec:
                     # the backward nodes that need no saved tensor run before the recompute (down_proj's head)

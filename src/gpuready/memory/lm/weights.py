@@ -68,6 +68,7 @@ def load_weights(prog: Program, ctx: Ctx, whole_first: bool = True) -> Weights:
     # --job); QLoRA's (qlora_llama8b_b1_s2048) the same. Under FSDP the adapters stay where the parameters are built
     # (not recorded).
     deferred: list[int] = []  # the adapters' numels, in peft's order
+    small: list[tuple[int, int]] = []  # --kbit-prep: the parameters that are not 4-bit (handle, numel), in order
     defer = n == 1 and ctx.w.method in ("lora", "qlora")
     # QLoRA's base model as from_pretrained with bitsandbytes loads it: each linear weight made in the parameter
     # dtype and quantized at once (nf4.load); the output head is tied before any weight is made (no spare head)
@@ -81,6 +82,8 @@ def load_weights(prog: Program, ctx: Ctx, whole_first: bool = True) -> Weights:
             trainable.append(Trainable(numel, 2 if ctx.dt.lora16 else 4, shape))
             return
         handles[unit].append(prog.alloc(cat, -(-nbytes // n) if meta else nbytes))
+        if cat == "weights" and ctx.w.kbit_prep:
+            small.append((handles[unit][-1], numel))
         if trains:
             # FSDP keeps 1/n of every parameter (a DTensor shard) on each GPU (its shape not tracked)
             trainable.append(Trainable(-(-numel // n), p if cat == "weights" else 4, shape if n == 1 else ()))
@@ -132,6 +135,11 @@ def load_weights(prog: Program, ctx: Ctx, whole_first: bool = True) -> Weights:
         # from_config builds lm_head with its own weight, then tie_weights() points it at the embedding and the
         # built one is freed: its block stays cached (every tied model's recorded H200 history shows it)
         prog.free(prog.alloc("weights", -(-spec.vocab * h * p // n) if meta else spec.vocab * h * p))
+    # peft's prepare_model_for_kbit_training, before the adapters: every 16-bit parameter that is not 4-bit cast to
+    # fp32 in the model's parameter order (the fp32 copy made, the 16-bit one freed; history kbit_prep_3)
+    for handle, numel in small:
+        prog.alloc("weights", numel * 4)
+        prog.free(handle)
     moved = [prog.alloc("lora_adapters", numel * p) for numel in deferred]
     if p != 4:
         cast: list[int] = []
