@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from gpuready.memory.allocator import replay
 
 # Kept free below the limit where a measurement showed the replay under the limit alone promising a batch that
-# failed, by the kind of job, checked on the 78 emulated-card cases of docs/max_batch.md (28 held out: sets 8-12);
+# failed, by the kind of job, checked on the 84 emulated-card cases of docs/max_batch.md (34 held out: sets 8-14);
 # the allocator model itself is exact under a cap: replaying the GPU's own requests recorded under the cap (eleven
 # histories, rounds 9 and 10, with cache releases and failures) it reserves, releases and fails where the GPU did.
 #
