@@ -414,7 +414,8 @@ def assumptions(
         out.append(
             f"autocast over the {w.precision} weights (the HF Trainer's {w.precision}=True): peft's fp32 adapters "
             "keep 16-bit copies of their inputs; GPT-2's LayerNorms and gelu_new run in fp32 (measured: "
-            "docs/calibration/h200_heldout19_a.jsonl); other LayerNorm models and vision models sized as without it"
+            "docs/calibration/h200_heldout19_a.jsonl); other LayerNorm models and vision models sized as without it "
+            "(pythia-1b: reserve -0.7%, allocated -7.3%, held-out set 22)"
         )
     if w.training:
         out.append(f"optimizer {w.optim} with PyTorch's default implementation (foreach on CUDA)")
