@@ -10,7 +10,7 @@ from gpuready.memory.lm.moe import (
     grouped_experts_nograd,
     llama4_experts_nograd,
 )
-from gpuready.memory.lm.ops import eager_nograd, rms_norm_nograd, rope
+from gpuready.memory.lm.ops import eager_nograd, lora_update, rms_norm_nograd, rope
 from gpuready.memory.program import Program
 
 
@@ -75,13 +75,7 @@ def block_nograd(
         out = nbytes // e * 4
         x32 = prog.alloc("activations", T * in_features[name] * 4)
         lora_a = prog.alloc("activations", T * ctx.w.lora_r * 4)
-        lora_b = prog.alloc("activations", out)
-        prog.free(lora_a)
-        scaled = prog.alloc("activations", out)
-        prog.free(lora_b)
-        total = prog.alloc("activations", out)
-        prog.free(scaled)
-        prog.free(base)
+        total = lora_update(prog, lora_a, out, out, base)
         result = prog.alloc("activations", nbytes)
         prog.free(total)
         prog.free(x32)
@@ -91,14 +85,7 @@ def block_nograd(
         """The same with 16-bit adapters (--lora-dtype bf16): lora_A reads x as it is; lora_A's output, lora_B's,
         times the scaling, plus the base output, each freeing the one before."""
         lora_a = prog.alloc("activations", T * ctx.w.lora_r * e)
-        lora_b = prog.alloc("activations", nbytes)
-        prog.free(lora_a)
-        scaled = prog.alloc("activations", nbytes)
-        prog.free(lora_b)
-        total = prog.alloc("activations", nbytes)
-        prog.free(scaled)
-        prog.free(base)
-        return total
+        return lora_update(prog, lora_a, nbytes, nbytes, base)
 
     def peft_autocast(name: str, base: int, nbytes: int, cached: list[int]) -> int:
         """The same under autocast over 16-bit weights (the recorded history ac_lora_llama8b_ckpt_b4): x cast to
@@ -113,13 +100,7 @@ def block_nograd(
         lora_a = prog.alloc("activations", T * rank * e)
         prog.free(x16)
         cached.append(prog.alloc("activations", out // T * rank * e))
-        lora_b = prog.alloc("activations", nbytes)
-        prog.free(lora_a)
-        scaled = prog.alloc("activations", nbytes)
-        prog.free(lora_b)
-        total = prog.alloc("activations", nbytes)
-        prog.free(scaled)
-        prog.free(base)
+        total = lora_update(prog, lora_a, nbytes, nbytes, base)
         prog.free(x32)
         return total
 

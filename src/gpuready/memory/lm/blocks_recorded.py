@@ -5,7 +5,7 @@ from __future__ import annotations
 from gpuready.memory.lm import nf4
 from gpuready.memory.lm.autograd import Layer, Saved
 from gpuready.memory.lm.context import GEMMA_NORMS, Ctx
-from gpuready.memory.lm.ops import rms_norm_frozen, rms_norm_start, rope
+from gpuready.memory.lm.ops import lora_update, rms_norm_frozen, rms_norm_start, rope
 from gpuready.memory.program import Program
 
 
@@ -181,13 +181,7 @@ def plain_block_forward(
         if stop:
             prog.free(base)
             return 0
-        b = alloc(T * out * e)
-        scaled = alloc(T * out * e)
-        prog.free(b)
-        total = alloc(T * out * e)
-        prog.free(scaled)
-        prog.free(base)
-        return total
+        return lora_update(prog, 0, T * out * e, T * out * e, base)
 
     def keep_input(handle: int, name: str) -> None:
         """A 16-bit adapter's input, kept by its lora_A until backward (LoraBackward frees it at the last reader)."""
@@ -213,12 +207,7 @@ def plain_block_forward(
             prog.free(base)
             prog.free(x32)
             return 0
-        b = alloc(T * out * e)
-        scaled = alloc(T * out * e)
-        prog.free(b)
-        total = alloc(T * out * e)
-        prog.free(scaled)
-        prog.free(base)
+        total = lora_update(prog, 0, T * out * e, T * out * e, base)
         prog.free(x32)
         return total
 

@@ -28,7 +28,7 @@ from gpuready.memory.lm import nf4
 from gpuready.memory.lm.autograd import Layer, Saved
 from gpuready.memory.lm.context import Ctx
 from gpuready.memory.lm.lora_recorded import LoraBackward
-from gpuready.memory.lm.ops import flash_backward_workspace_bytes, rope
+from gpuready.memory.lm.ops import flash_backward_workspace_bytes, lora_update, rope
 from gpuready.memory.program import Program
 
 
@@ -141,12 +141,7 @@ def block_forward(
         if stop:
             free(b)
             return 0
-        lb = alloc(T * out * 2)
-        scaled = alloc(T * out * 2)
-        free(lb)
-        total = alloc(T * out * (4 if fp32_in else 2))
-        free(scaled)
-        free(b)
+        total = lora_update(prog, 0, T * out * 2, T * out * (4 if fp32_in else 2), b)
         free(x32)
         return total
 
@@ -225,13 +220,7 @@ def block_first_pass(prog: Program, ctx: Ctx, x: int, cached: list[int]) -> int:
         la = alloc(T * rank * 2)
         free(x16)
         cached.append(alloc(out * rank * 2))
-        lb = alloc(T * out * 2)
-        free(la)
-        scaled = alloc(T * out * 2)
-        free(lb)
-        total = alloc(T * out * (4 if fp32_in else 2))
-        free(scaled)
-        free(b)
+        total = lora_update(prog, la, T * out * 2, T * out * (4 if fp32_in else 2), b)
         free(x32)
         return total
 

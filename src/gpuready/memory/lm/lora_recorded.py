@@ -132,12 +132,7 @@ class LoraBackward:
         gx = prog.alloc("activations", T * width * e)
         prog.free(gx32)
         buf = self._add(buf, gx)
-        if self.quantized:  # the 4-bit weight dequantized for the input gradient (nf4.py)
-            gbase = nf4.input_grad(prog, width * out, e, T * width * e)
-        else:
-            gbase = prog.alloc("activations", T * width * e)
-        prog.free(base)
-        return self._add(buf, gbase)
+        return self._add(buf, self._base_grad(width, out, base))
 
     def _tail_16(self, name: str, base: int, scaled: int, buf: int, input_grad: bool) -> int:
         """The same with 16-bit adapters (--lora-dtype bf16; the recorded history trl_qlora_llama8b_b1): lora_B's
@@ -159,12 +154,7 @@ class LoraBackward:
         first = not buf
         if not first:
             prog.free(gx)  # added into the buffer
-        if self.quantized:
-            gbase = nf4.input_grad(prog, width * out, e, T * width * e)
-        else:
-            gbase = prog.alloc("activations", T * width * e)
-        if self.pending.pop(base, False):
-            prog.free(base)
+        gbase = self._base_grad(width, out, base)
         if first:
             total = prog.alloc("activations", T * width * e)
             prog.free_all([gx, gbase])
@@ -199,13 +189,20 @@ class LoraBackward:
         gx = prog.alloc("activations", T * width * e)
         prog.free(gx32)
         buf = self._add(buf, gx)
+        return self._add(buf, self._base_grad(width, out, base))
+
+    def _base_grad(self, width: int, out: int, base: int) -> int:
+        """The frozen base's input gradient (the 4-bit weight dequantized around it under QLoRA, nf4.py); then the
+        base output's gradient goes (under autocast or with 16-bit adapters it is the incoming gradient itself,
+        freed here only when the caller let it go)."""
+        T, e = self.T, self.e
         if self.quantized:
-            gbase = nf4.input_grad(prog, width * out, e, T * width * e)
+            gbase = nf4.input_grad(self.prog, width * out, e, T * width * e)
         else:
-            gbase = prog.alloc("activations", T * width * e)
-        if self.pending.pop(base, False):
-            prog.free(base)
-        return self._add(buf, gbase)
+            gbase = self.prog.alloc("activations", T * width * e)
+        if not (self.autocast or self.lora16) or self.pending.pop(base, False):
+            self.prog.free(base)
+        return gbase
 
     def _add(self, buf: int, g: int) -> int:
         if buf:

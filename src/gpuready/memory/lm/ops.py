@@ -266,3 +266,17 @@ def norm_backward_frozen(
     out = alloc("activations", n * act)  # x.to(fp32)'s backward
     free(part)
     return out
+
+
+def lora_update(prog: Program, lora_a: int, branch_bytes: int, total_bytes: int, base: int) -> int:
+    """peft's lora.Linear.forward after lora_A: lora_B's output (then `lora_a`, lora_A's output, goes when nothing
+    keeps it: pass 0 when lora_B keeps it), times the scaling, plus the base output `base`, each freeing the one
+    before; returns the sum (`total_bytes`)."""
+    lora_b = prog.alloc("activations", branch_bytes)
+    prog.free(lora_a)
+    scaled = prog.alloc("activations", branch_bytes)
+    prog.free(lora_b)
+    total = prog.alloc("activations", total_bytes)
+    prog.free(scaled)
+    prog.free(base)
+    return total
