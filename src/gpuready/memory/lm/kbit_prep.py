@@ -317,13 +317,6 @@ class PrepBackward(LoraBackward):
     def linear32(self, name: str, g: int, free_g: bool, buf: int, input_grad: bool = True) -> int:
         return self.tail32(name, g, free_g, self.head16(name), buf, input_grad)
 
-    def rope32(self, g: int, width: int) -> int:
-        """RoPE's backward on the fp32 q or k."""
-        self.e = 4
-        out = self.rope(g, width)
-        self.e = 2
-        return out
-
     def run32(
         self,
         resid_grad: int,
@@ -353,10 +346,9 @@ class PrepBackward(LoraBackward):
         g_o = prog.alloc("activations", T * h * 2)
         if not input_grad:  # the first layer: the residual's gradient has no other use (the embedding needs none)
             prog.free(resid_grad)
-        self.autocast = True
-        base, scaled = self.head("o_proj", g_o, True)
-        g_attn = self.tail("o_proj", base, scaled, 0)
-        self.autocast = False
+        scaled = prog.alloc("activations", T * h * 2)  # the branch's gradient; the base's is g_o itself
+        self.pending[g_o] = True  # it goes after the base's input gradient
+        g_attn = self._tail_autocast("o_proj", g_o, scaled, 0, True)
         dq = prog.alloc("activations", T * q_w * 2)
         dk = prog.alloc("activations", T * kv_w * 2)
         dv = prog.alloc("activations", T * kv_w * 2)
@@ -368,8 +360,8 @@ class PrepBackward(LoraBackward):
             grads32.append(prog.alloc("activations", T * w * 4))
             prog.free(g16)
         dq32, dk32, dv32 = grads32
-        g_k = self.rope32(dk32, kv_w)
-        g_q = self.rope32(dq32, q_w)
+        g_k = self.rope(dk32, kv_w, 4)  # on the fp32 q and k
+        g_q = self.rope(dq32, q_w, 4)
         if not self.ckpt:
             prog.free_all(tables or [])
         g_norm = self.linear32("v_proj", dv32, True, 0, input_grad)

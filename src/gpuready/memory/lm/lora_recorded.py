@@ -222,10 +222,10 @@ class LoraBackward:
         self.prog.free(g)
         return out
 
-    def rope(self, g: int, width: int) -> int:
+    def rope(self, g: int, width: int, act: int = 0) -> int:
         """RoPE's backward (q * cos + rotate_half(q) * sin) from the rotated tensor's gradient `g`, which it frees:
-        returns the gradient of its input."""
-        prog, n = self.prog, self.T * width * self.e
+        returns the gradient of its input (`act` bytes an element; the activations' by default)."""
+        prog, n = self.prog, self.T * width * (act or self.e)
         t1 = prog.alloc("activations", n)
         t2 = prog.alloc("activations", n // 2)
         out = prog.alloc("activations", n)
