@@ -235,6 +235,8 @@ AUTOCAST_ORDER = [
     ("ac_qlora_llama8b_b1.json.gz", "llama-3.1-8b --method qlora --batch 1 --seq 2048 --autocast"),
     ("ac_lora_llama8b_ckpt_b4.json.gz", "llama-3.1-8b --method lora --grad-ckpt --batch 4 --seq 2048 --autocast"),
     ("ac_qwen3_06b_full_ckpt_b8.json.gz", "qwen3-0.6b --batch 8 --seq 2048 --grad-ckpt --autocast"),
+    # GPT-NeoX's LayerNorms under autocast (held-out set 22: -7.3% allocated before they were modelled)
+    ("ac_pythia1b_b8.json.gz", "pythia-1b --batch 8 --seq 1024 --autocast"),
     # TRL's QLoRA: adapters cast to bf16 (--lora-dtype bf16), with and without autocast, with checkpointing
     ("trl_qlora_llama8b_b1.json.gz", "llama-3.1-8b --method qlora --batch 1 --seq 2048 --autocast --lora-dtype bf16"),
     ("bf16lora_qlora_llama8b_b1.json.gz", "llama-3.1-8b --method qlora --batch 1 --seq 2048 --lora-dtype bf16"),

@@ -413,9 +413,9 @@ def assumptions(
     if dt.autocast16:
         out.append(
             f"autocast over the {w.precision} weights (the HF Trainer's {w.precision}=True): peft's fp32 adapters "
-            "keep 16-bit copies of their inputs; GPT-2's LayerNorms and gelu_new run in fp32 (measured: "
-            "docs/calibration/h200_heldout19_a.jsonl); other LayerNorm models and vision models sized as without it "
-            "(pythia-1b: reserve -0.7%, allocated -7.3%, held-out set 22)"
+            "keep 16-bit copies of their inputs; GPT-2's and GPT-NeoX's LayerNorms (and GPT-2's gelu_new) run in "
+            "fp32 (measured: docs/calibration/h200_heldout19_a.jsonl, h200_heldout22_a.jsonl); vision models sized "
+            "as without it"
         )
     if w.training:
         out.append(f"optimizer {w.optim} with PyTorch's default implementation (foreach on CUDA)")

@@ -44,14 +44,22 @@ class NeoxKept:
     ln2: int
     fc: int
     gelu: int
+    # under --autocast: each LayerNorm's fp32 copy of the input, with its mean and rstd (ln1 and ln2 are then the
+    # bf16 casts of their outputs, kept by the projections), first norm then second
+    norms32: tuple[int, ...] = ()
 
 
-def neox_train_forward(prog: Program, ctx: Ctx, x_in: int) -> tuple[int, NeoxKept]:
+def neox_train_forward(prog: Program, ctx: Ctx, x_in: int, free_input: bool = False) -> tuple[int, NeoxKept]:
     """GPTNeoXLayer's forward under autograd, in the order the recorded history of pythia-1b full fine-tuning at
     8 x 1024 (ft_pythia1b_b8) shows: LayerNorm, query_key_value (kept whole), RoPE on the first rotary_dims of q
     and k with torch.cat back to full width (kept by attention), the kernel's output and log-sum-exp, its
     contiguous copy (dense's input), dense; the second LayerNorm of the same input, dense_h_to_4h, GELU (both kept),
-    dense_4h_to_h; mlp + attention, + input: the layer's output (kept by the next layer's norms). Returns it."""
+    dense_4h_to_h; mlp + attention, + input: the layer's output (kept by the next layer's norms). Returns it.
+
+    Under --autocast (history ac_pythia1b_b8) each LayerNorm runs in fp32 on an fp32 copy of its input (kept, with
+    its mean and rstd), its fp32 output cast to bf16 for the projection (the cast kept, the fp32 output gone after
+    the attention's dense or the MLP's last linear); the input is then kept by nothing, and goes once the layer
+    has returned (`free_input`: not the embedding output, which the model holds)."""
     spec, dt, T = ctx.spec, ctx.dt, ctx.tokens
     h, e, r = spec.hidden, dt.act, dt.resid
     w = spec.heads * spec.head_dim
@@ -73,7 +81,17 @@ def neox_train_forward(prog: Program, ctx: Ctx, x_in: int) -> tuple[int, NeoxKep
         free(b)
         return out
 
-    ln1 = act(T * h * r)
+    norms32: list[int] = []
+
+    def norm() -> tuple[int, int]:
+        """The LayerNorm's kept output (or its bf16 cast under autocast) and its fp32 output (0 without)."""
+        if not dt.autocast16:
+            return act(T * h * r), 0
+        x32, out32 = act(T * h * 4), act(T * h * 4)
+        norms32.extend([x32, act(T * 4), act(T * 4)])
+        return act(T * h * e), out32
+
+    ln1, out1 = norm()
     qkv = act(T * 3 * w * e)
     q_rot, k_rot = rope_part(), rope_part()
     q = act(T * w * e)
@@ -83,16 +101,23 @@ def neox_train_forward(prog: Program, ctx: Ctx, x_in: int) -> tuple[int, NeoxKep
     attn, lse = act(T * w * e), act(T * spec.heads * 4)
     attn_t = act(T * w * e)
     dense = act(T * h * e)
-    ln2 = act(T * h * r)
+    free(out1)
+    ln2, out2 = norm()
     fc = act(T * spec.intermediate * e)
     gelu = act(T * spec.intermediate * e)
     mlp = act(T * h * e)
+    free(out2)
     s1 = act(T * h * r)
     out = act(T * h * r)
     free(s1)
     free(dense)
     free(mlp)
-    return out, NeoxKept(x_in, ln1, qkv, q, k, attn, lse, attn_t, ln2, fc, gelu)
+    kept_input = x_in
+    if dt.autocast16:
+        kept_input = 0
+        if free_input:
+            free(x_in)
+    return out, NeoxKept(kept_input, ln1, qkv, q, k, attn, lse, attn_t, ln2, fc, gelu, tuple(norms32))
 
 
 def neox_train_backward(prog: Program, ctx: Ctx, kept: NeoxKept, g: int, grads: list[int], accumulate: bool) -> int:
@@ -119,6 +144,22 @@ def neox_train_backward(prog: Program, ctx: Ctx, kept: NeoxKept, g: int, grads: 
             grads.append(wg)
         prog.transient("activations", reduce_buffer_bytes(n_out, T))
 
+    def norm_backward(g: int, norms32: tuple[int, ...]) -> int:
+        """A LayerNorm's input gradient from its output's (freed); under autocast through fp32 (the cast's
+        backward, the norm's in fp32 freeing its fp32 input copy, mean and rstd, the cast back)."""
+        if not norms32:
+            out = act(T * h * e)
+            free(g)
+            return out
+        g32 = act(T * h * 4)
+        free(g)
+        t32 = act(T * h * 4)
+        free(g32)
+        prog.free_all(list(norms32))
+        out = act(T * h * e)
+        free(t32)
+        return out
+
     d_gelu = act(T * inter * e)  # dense_4h_to_h
     linear_grads(inter, h)
     free(kept.gelu)
@@ -129,8 +170,7 @@ def neox_train_backward(prog: Program, ctx: Ctx, kept: NeoxKept, g: int, grads: 
     linear_grads(h, inter)
     free(d_fc)
     free(kept.ln2)
-    dx2 = act(T * h * e)  # the second LayerNorm
-    free(d_ln2)
+    dx2 = norm_backward(d_ln2, kept.norms32[3:])  # the second LayerNorm
     dx = act(T * h * e)  # the incoming gradient plus the norm's: the input's gradient
     free(dx2)
     d_attn = act(T * w * e)  # dense
@@ -173,8 +213,7 @@ def neox_train_backward(prog: Program, ctx: Ctx, kept: NeoxKept, g: int, grads: 
     linear_grads(h, 3 * w)
     free(d_qkv2)
     free(kept.ln1)
-    dx1 = act(T * h * e)  # the first LayerNorm, added into dx in place
-    free(d_ln1)
+    dx1 = norm_backward(d_ln1, kept.norms32[:3])  # the first LayerNorm, added into dx in place
     free(kept.x_in)
     free(dx1)
     return dx

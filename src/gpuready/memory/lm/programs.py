@@ -144,7 +144,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 if fsdp:
                     fsdp.gather(layer)
                 if neox:
-                    x, kept_layer = neox_train_forward(prog, ctx, x)
+                    x, kept_layer = neox_train_forward(prog, ctx, x, free_input=x != embeds)
                     neox_kept.append(kept_layer)
                 elif w.grad_ckpt and prep:
                     ckpt_inputs.append(x)
@@ -194,6 +194,17 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 norm_out = prog.alloc("activations", T * h * 4)
                 head_cast = prog.alloc("autocast_weight_copies", spec.vocab * h * 2)
                 final.append(prog.alloc("activations", T * h * e))
+            elif neox and ctx.dt.autocast16:
+                # final_layer_norm under autocast (ac_pythia1b_b8): the fp32 copy of its input (kept, with its mean
+                # and rstd), its fp32 output (held until the loss); the last layer's output and the embedding output
+                # go; lm_head's input cast to bf16 (kept: its weight trains)
+                final = [prog.alloc("activations", T * h * 4)]
+                frozen_out = prog.alloc("activations", T * h * 4)
+                final += [prog.alloc("activations", T * 4), prog.alloc("activations", T * 4)]
+                prog.free(x)
+                prog.free(embeds)
+                x = 0
+                final.insert(0, prog.alloc("activations", T * h * e))
             elif neox:
                 final = [prog.alloc("activations", T * h * r)]  # final_layer_norm's output (it keeps its input, x)
             elif prep:
@@ -273,7 +284,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 prog.free(dx)
                 dx = kbit_prep.final_norm_backward(prog, ctx, dx32, final)
                 final = []
-            elif frozen_out:
+            elif frozen_out and not neox:
                 dx = final_norm_backward_frozen(prog, ctx, dx, final)  # frees the fp32 input and rsqrt it kept
                 final = []
             if recorded_mixed:
@@ -293,7 +304,19 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 prog.free(x)
                 prog.free(ts[3])
                 x = 0
-            if neox:
+            if neox and ctx.dt.autocast16:
+                # under autocast: lm_head's input cast goes, the gradient through fp32 (the final norm frees its fp32
+                # input copy, mean and rstd), cast back
+                prog.free(final.pop(0))
+                g32 = prog.alloc("activations", T * h * 4)
+                prog.free(dx)
+                t32 = prog.alloc("activations", T * h * 4)
+                prog.free(g32)
+                prog.free_all(final)
+                final = []
+                dx = prog.alloc("activations", T * h * e)
+                prog.free(t32)
+            elif neox:
                 # final_layer_norm's backward (ft_pythia1b_b8): its output goes, its input's gradient is made, lm_head's
                 # input gradient goes, then the last layer's output
                 prog.free(final.pop())
@@ -301,6 +324,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 prog.free(dx)
                 prog.free(x)
                 dx, x = g_in, 0
+            if neox:
                 for layer in reversed(range(spec.layers)):
                     dx = neox_train_backward(prog, ctx, neox_kept[layer], dx, grads, accumulate)
             prog.free_all(final)
