@@ -5,7 +5,8 @@
  * falls back to the Python loop where it cannot. tests/memory/test_native.py checks the two give the same stats.
  *
  * Blocks are kept as PyTorch keeps them: each is a piece of a segment with links to its neighbours in the segment;
- * the cached free blocks of each pool are an array sorted by (size, address), the BlockPool order. A segment's
+ * the cached free blocks of each pool are found in PyTorch's BlockPool order (size, then address) through buckets of
+ * one size each (below). A segment's
  * first block keeps its slot for the segment's life (a freed block merges into the free block before it, which
  * absorbs it, or absorbs the free block after it), so a segment is wholly free when its first block is free and has
  * no neighbour.
@@ -30,17 +31,25 @@ typedef struct {
     int8_t allocated, small;
 } Block;
 
+/* A pool's cached free blocks, found without a search in the common case: the blocks of each exact size sit in a
+ * bucket in address order, a hash finds a size's bucket, and the sizes that have blocks are kept in ascending order.
+ * The best fit in PyTorch's BlockPool order (size, then address) is then the first block of the request's own size
+ * when it has one, else the first block of the next larger size present. */
 typedef struct {
-    int32_t *e; /* block slots, ordered by the blocks' (size, address): the BlockPool order */
+    int32_t *e; /* block slots of one size, by address */
     int64_t n, cap;
-} Pool;
+} Bucket;
 
 typedef struct {
-    Block *b;
-    int64_t n, cap;
-    int32_t *spare; /* recycled slots */
-    int64_t nspare, capspare;
-} Blocks;
+    Bucket *bk;       /* buckets, one per size ever cached; kept (empty) when their last block leaves */
+    int64_t *bsize;   /* each bucket's size */
+    int64_t nbk, capbk;
+    int64_t *hkey;    /* open addressing: size -> bucket; 0 marks an empty slot (every size is >= 512) */
+    int32_t *hval;
+    int64_t hcap;     /* a power of two */
+    int64_t *sz;      /* the sizes with at least one cached block, ascending */
+    int64_t nsz, capsz;
+} Pool;
 
 static int grow(void **p, int64_t *cap, int64_t need, size_t item) {
     if (need <= *cap) return 1;
@@ -53,13 +62,84 @@ static int grow(void **p, int64_t *cap, int64_t need, size_t item) {
     return 1;
 }
 
-/* the first position below `hi` whose block has (size, addr) >= (size, addr) (hi itself when none) */
-static inline int64_t lower_below(const Pool *p, const Block *b, int64_t size, int64_t addr, int64_t hi) {
-    int64_t lo = 0;
+/* moves for the short arrays of a pool (a loop beats a memmove call at these lengths) */
+static inline void move32(int32_t *dst, const int32_t *src, int64_t n) {
+    int64_t i;
+    if (dst < src)
+        for (i = 0; i < n; i++) dst[i] = src[i];
+    else
+        for (i = n - 1; i >= 0; i--) dst[i] = src[i];
+}
+
+static inline void move64(int64_t *dst, const int64_t *src, int64_t n) {
+    int64_t i;
+    if (dst < src)
+        for (i = 0; i < n; i++) dst[i] = src[i];
+    else
+        for (i = n - 1; i >= 0; i--) dst[i] = src[i];
+}
+
+static inline uint64_t hash_of(int64_t size, int64_t hcap) {
+    return ((uint64_t)(size >> 9) * 0x9E3779B97F4A7C15ULL) >> 24 & (uint64_t)(hcap - 1); /* hcap <= 2^40 */
+}
+
+/* the bucket of `size`, -1 when the pool never cached that size */
+static inline int32_t bucket_find(const Pool *p, int64_t size) {
+    if (!p->hcap) return -1;
+    uint64_t h = hash_of(size, p->hcap);
+    for (;;) {
+        int64_t k = p->hkey[h];
+        if (k == size) return p->hval[h];
+        if (k == 0) return -1;
+        h = (h + 1) & (uint64_t)(p->hcap - 1);
+    }
+}
+
+static int hash_put(int64_t *keys, int32_t *vals, int64_t hcap, int64_t size, int32_t v) {
+    uint64_t h = hash_of(size, hcap);
+    while (keys[h]) h = (h + 1) & (uint64_t)(hcap - 1);
+    keys[h] = size;
+    vals[h] = v;
+    return 1;
+}
+
+/* the bucket of `size`, made when there is none (-2: out of memory) */
+static int32_t bucket_make(Pool *p, int64_t size) {
+    int32_t found = bucket_find(p, size);
+    if (found >= 0) return found;
+    if (2 * (p->nbk + 1) > p->hcap) { /* keep the table at most half full */
+        int64_t nc = p->hcap ? 2 * p->hcap : 256, i;
+        int64_t *keys = calloc((size_t)nc, sizeof(int64_t));
+        int32_t *vals = malloc((size_t)nc * sizeof(int32_t));
+        if (!keys || !vals) { free(keys); free(vals); return -2; }
+        for (i = 0; i < p->hcap; i++)
+            if (p->hkey[i]) hash_put(keys, vals, nc, p->hkey[i], p->hval[i]);
+        free(p->hkey);
+        free(p->hval);
+        p->hkey = keys;
+        p->hval = vals;
+        p->hcap = nc;
+    }
+    if (p->nbk + 1 > p->capbk) {
+        int64_t c1 = p->capbk, c2 = p->capbk;
+        if (!grow((void **)&p->bk, &c1, p->nbk + 1, sizeof(Bucket))) return -2;
+        if (!grow((void **)&p->bsize, &c2, p->nbk + 1, sizeof(int64_t))) return -2;
+        p->capbk = c1;
+    }
+    int32_t b = (int32_t)p->nbk++;
+    p->bk[b].e = NULL;
+    p->bk[b].n = p->bk[b].cap = 0;
+    p->bsize[b] = size;
+    hash_put(p->hkey, p->hval, p->hcap, size, b);
+    return b;
+}
+
+/* the first position in the ascending sizes whose size is >= size */
+static inline int64_t size_lower(const Pool *p, int64_t size) {
+    int64_t lo = 0, hi = p->nsz;
     while (lo < hi) {
         int64_t mid = (lo + hi) >> 1;
-        const Block *m = &b[p->e[mid]];
-        if (m->size < size || (m->size == size && m->addr < addr))
+        if (p->sz[mid] < size)
             lo = mid + 1;
         else
             hi = mid;
@@ -67,29 +147,83 @@ static inline int64_t lower_below(const Pool *p, const Block *b, int64_t size, i
     return lo;
 }
 
-/* the first position whose block has (size, addr) >= (size, addr) */
-static inline int64_t lower(const Pool *p, const Block *b, int64_t size, int64_t addr) {
-    return lower_below(p, b, size, addr, p->n);
+/* the first position in a bucket whose block's address is >= addr */
+static inline int64_t addr_lower(const Bucket *k, const Block *b, int64_t addr) {
+    int64_t lo = 0, hi = k->n;
+    while (lo < hi) {
+        int64_t mid = (lo + hi) >> 1;
+        if (b[k->e[mid]].addr < addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
 }
 
-static int pool_add(Pool *p, const Block *b, int32_t blk) {
-    if (!grow((void **)&p->e, &p->cap, p->n + 1, sizeof(int32_t))) return 0;
-    int64_t i = lower(p, b, b[blk].size, b[blk].addr);
-    memmove(&p->e[i + 1], &p->e[i], (size_t)(p->n - i) * sizeof(int32_t));
-    p->e[i] = blk;
-    p->n++;
+static inline int pool_add(Pool *p, const Block *b, int32_t blk) {
+    int64_t size = b[blk].size;
+    int32_t bi = bucket_make(p, size);
+    if (bi < 0) return 0;
+    Bucket *k = &p->bk[bi];
+    if (!grow((void **)&k->e, &k->cap, k->n + 1, sizeof(int32_t))) return 0;
+    int64_t i = k->n && b[k->e[k->n - 1]].addr < b[blk].addr ? k->n : addr_lower(k, b, b[blk].addr);
+    move32(&k->e[i + 1], &k->e[i], k->n - i);
+    k->e[i] = blk;
+    if (k->n++ == 0) { /* the size is new to the pool's ascending sizes */
+        if (!grow((void **)&p->sz, &p->capsz, p->nsz + 1, sizeof(int64_t))) return 0;
+        int64_t j = size_lower(p, size);
+        move64(&p->sz[j + 1], &p->sz[j], p->nsz - j);
+        p->sz[j] = size;
+        p->nsz++;
+    }
     return 1;
 }
 
-static inline void pool_delete_at(Pool *p, int64_t i) {
-    memmove(&p->e[i], &p->e[i + 1], (size_t)(p->n - i - 1) * sizeof(int32_t));
-    p->n--;
+/* take position i of bucket bi out of the pool */
+static inline void pool_take(Pool *p, int32_t bi, int64_t i) {
+    Bucket *k = &p->bk[bi];
+    move32(&k->e[i], &k->e[i + 1], k->n - i - 1);
+    if (--k->n == 0) { /* the size leaves the pool's ascending sizes */
+        int64_t j = size_lower(p, p->bsize[bi]);
+        move64(&p->sz[j], &p->sz[j + 1], p->nsz - j - 1);
+        p->nsz--;
+    }
 }
 
 /* (a block's size and address must be those it was added with) */
-static void pool_remove(Pool *p, const Block *b, int32_t blk) {
-    pool_delete_at(p, lower(p, b, b[blk].size, b[blk].addr));
+static inline void pool_remove(Pool *p, const Block *b, int32_t blk) {
+    int32_t bi = bucket_find(p, b[blk].size);
+    pool_take(p, bi, addr_lower(&p->bk[bi], b, b[blk].addr));
 }
+
+/* the best-fitting cached block for `size` (its bucket in *bucket), -1 when none is large enough */
+static inline int32_t pool_best(const Pool *p, int64_t size, int32_t *bucket) {
+    int32_t bi = bucket_find(p, size);
+    if (bi < 0 || p->bk[bi].n == 0) {
+        int64_t j = size_lower(p, size);
+        if (j >= p->nsz) return -1;
+        bi = bucket_find(p, p->sz[j]);
+    }
+    *bucket = bi;
+    return p->bk[bi].e[0];
+}
+
+static void pool_free(Pool *p) {
+    int64_t i;
+    for (i = 0; i < p->nbk; i++) free(p->bk[i].e);
+    free(p->bk);
+    free(p->bsize);
+    free(p->hkey);
+    free(p->hval);
+    free(p->sz);
+}
+
+typedef struct {
+    Block *b;
+    int64_t n, cap;
+    int32_t *spare; /* recycled slots */
+    int64_t nspare, capspare;
+} Blocks;
 
 static int32_t new_block(Blocks *bs) {
     if (bs->nspare) return bs->spare[--bs->nspare];
@@ -106,7 +240,8 @@ static int drop_block(Blocks *bs, int32_t i) {
 /* out: peak_allocated, peak_reserved, allocated, reserved, peak_allocated_event, peak_reserved_event, segments,
  * releases, oom_event (-1: none), and on an error the event's index. cap < 0: no limit. */
 int gr_replay(const int64_t *ev, int64_t n, int64_t cap, int64_t *out) {
-    Pool pools[2] = {{0}, {0}}; /* 0: large, 1: small */
+    Pool pools[2]; /* 0: large, 1: small */
+    memset(pools, 0, sizeof pools);
     Blocks bs = {0};
     int32_t *handle = NULL; /* allocation id -> block slot (-1 once freed) */
     int64_t nhandle = 1, caphandle = 0;
@@ -125,12 +260,10 @@ int gr_replay(const int64_t *ev, int64_t n, int64_t cap, int64_t *out) {
             int64_t size = (e + MIN_BLOCK - 1) / MIN_BLOCK * MIN_BLOCK;
             int small = size <= SMALL_SIZE;
             Pool *pool = &pools[small];
-            int64_t j = lower(pool, bs.b, size, 0);
-            int32_t blk;
-            int64_t taken = -1; /* the pool position of a cached block taken, left in place until the split */
-            if (j < pool->n) {
-                blk = pool->e[j];
-                taken = j;
+            int32_t bucket = -1;
+            int32_t blk = pool_best(pool, size, &bucket);
+            if (blk >= 0) {
+                pool_take(pool, bucket, 0);
             } else {
                 int64_t seg;
                 if (small)
@@ -202,18 +335,10 @@ int gr_replay(const int64_t *ev, int64_t n, int64_t cap, int64_t *out) {
                 if (b->next >= 0) bs.b[b->next].prev = r;
                 b->next = r;
                 b->size = size;
-                if (taken >= 0) {
-                    /* the remainder sorts before the block it was cut from (it is smaller): it takes that block's
-                     * position or one below it, the positions between moving up by one (one move, not two) */
-                    int64_t k = lower_below(pool, bs.b, rest->size, rest->addr, taken);
-                    memmove(&pool->e[k + 1], &pool->e[k], (size_t)(taken - k) * sizeof(int32_t));
-                    pool->e[k] = r;
-                } else if (!pool_add(pool, bs.b, r)) {
+                if (!pool_add(pool, bs.b, r)) {
                     rc = ERR_NOMEM;
                     goto done;
                 }
-            } else if (taken >= 0) {
-                pool_delete_at(pool, taken);
             }
             b->allocated = 1;
             if (!grow((void **)&handle, &caphandle, nhandle + 1, sizeof(int32_t))) { rc = ERR_NOMEM; goto done; }
@@ -233,40 +358,10 @@ int gr_replay(const int64_t *ev, int64_t n, int64_t cap, int64_t *out) {
             Pool *pool = &pools[b->small];
             allocated -= b->size;
             b->allocated = 0;
-            /* the free neighbours' pool positions, found while every key in the pool is still its block's own */
             int32_t p = b->prev >= 0 && !bs.b[b->prev].allocated ? b->prev : -1;
             int32_t nx = b->next >= 0 && !bs.b[b->next].allocated ? b->next : -1;
-            int64_t ip = p >= 0 ? lower(pool, bs.b, bs.b[p].size, bs.b[p].addr) : -1;
-            int64_t in = nx >= 0 ? lower(pool, bs.b, bs.b[nx].size, bs.b[nx].addr) : -1;
-            int64_t m_size = b->size + (p >= 0 ? bs.b[p].size : 0) + (nx >= 0 ? bs.b[nx].size : 0);
-            int64_t m_addr = p >= 0 ? bs.b[p].addr : b->addr;
-            /* the merged block's position: it is larger than either neighbour, so it sorts after both; the
-             * neighbours leave and the positions between move down (one or two moves instead of a removal per
-             * neighbour and an insertion) */
-            int64_t i1 = ip < in ? ip : in, i2 = ip < in ? in : ip; /* i1 <= i2; -1: none */
-            if (i2 >= 0) {
-                int64_t lo = i2 + 1, hi = pool->n;
-                while (lo < hi) {
-                    int64_t mid = (lo + hi) >> 1;
-                    const Block *m = &bs.b[pool->e[mid]];
-                    if (m->size < m_size || (m->size == m_size && m->addr < m_addr))
-                        lo = mid + 1;
-                    else
-                        hi = mid;
-                }
-                int64_t at = lo; /* the merged block goes before this position */
-                int32_t merged = p >= 0 ? p : blk;
-                if (i1 >= 0) {
-                    memmove(&pool->e[i1], &pool->e[i1 + 1], (size_t)(i2 - i1 - 1) * sizeof(int32_t));
-                    memmove(&pool->e[i2 - 1], &pool->e[i2 + 1], (size_t)(at - i2 - 1) * sizeof(int32_t));
-                    pool->e[at - 2] = merged;
-                    memmove(&pool->e[at - 1], &pool->e[at], (size_t)(pool->n - at) * sizeof(int32_t));
-                    pool->n--;
-                } else {
-                    memmove(&pool->e[i2], &pool->e[i2 + 1], (size_t)(at - i2 - 1) * sizeof(int32_t));
-                    pool->e[at - 1] = merged;
-                }
-            }
+            if (p >= 0) pool_remove(pool, bs.b, p);
+            if (nx >= 0) pool_remove(pool, bs.b, nx);
             if (p >= 0) {
                 Block *pb = &bs.b[p];
                 pb->size += b->size;
@@ -283,7 +378,7 @@ int gr_replay(const int64_t *ev, int64_t n, int64_t cap, int64_t *out) {
                 if (nb->next >= 0) bs.b[nb->next].prev = blk;
                 if (!drop_block(&bs, nx)) { rc = ERR_NOMEM; goto done; }
             }
-            if (i2 < 0 && !pool_add(pool, bs.b, blk)) { rc = ERR_NOMEM; goto done; }
+            if (!pool_add(pool, bs.b, blk)) { rc = ERR_NOMEM; goto done; }
         }
     }
 done:
@@ -297,8 +392,8 @@ done:
     out[7] = releases;
     out[8] = oom;
     out[9] = i;
-    free(pools[0].e);
-    free(pools[1].e);
+    pool_free(&pools[0]);
+    pool_free(&pools[1]);
     free(bs.b);
     free(bs.spare);
     free(handle);

@@ -21,6 +21,7 @@ from pathlib import Path
 
 SOURCE = Path(__file__).with_name("_replay.c")
 STATS = 10  # int64 figures gr_replay writes (see _replay.c)
+_ZERO = (0,)  # array("q", _ZERO) * n: n zeros (array("q", bytes(8 * n)) takes ~100x as long for large n)
 ERRORS = {1: "freed twice", 2: "freed before it was allocated", 3: "the replay ran out of host memory"}
 
 NativeReplay = Callable[[Sequence[int], int], tuple[int, list[int]]]
@@ -36,11 +37,11 @@ class Instantiated:
     __slots__ = ("allocated", "events", "largest", "peak", "phase_first", "phase_peak", "phase_peak_event", "sizes")
 
     def __init__(self, nops: int, nh: int, nphases: int) -> None:
-        self.events = array("q", bytes(8 * nops))
-        self.sizes = array("q", bytes(8 * nh))
+        self.events = array("q", _ZERO) * nops
+        self.sizes = array("q", _ZERO) * nh
         self.phase_peak = array("q", [-1] * nphases)
-        self.phase_peak_event = array("q", bytes(8 * nphases))
-        self.phase_first = array("q", bytes(8 * nphases))
+        self.phase_peak_event = array("q", _ZERO) * nphases
+        self.phase_first = array("q", _ZERO) * nphases
         self.allocated = self.peak = self.largest = 0
 
 
@@ -58,7 +59,7 @@ def instantiate(
     if replay_function() is None or not _lib:
         return None
     out = Instantiated(len(ops), len(a), nphases)
-    figures = array("q", bytes(24))
+    figures = array("q", _ZERO) * 3
 
     rc = _lib[0].gr_instantiate(
         _addr(ops), len(ops), _addr(a), _addr(c), len(a), batch, _addr(mark_at), _addr(mark_phase), len(mark_at),
@@ -150,7 +151,7 @@ def _load(path: Path) -> NativeReplay:
 
     def run(events: Sequence[int], capacity_bytes: int) -> tuple[int, list[int]]:
         evs = events if isinstance(events, array) and events.typecode == "q" else array("q", events)
-        out = array("q", bytes(8 * STATS))
+        out = array("q", _ZERO) * STATS
         rc = fn(_addr(evs), len(evs), capacity_bytes, _addr(out))
         return rc, out.tolist()
 
@@ -178,7 +179,7 @@ def live_by_code(events: array[int], end: int, codes: array[int], sizes: array[i
     library is not there)."""
     if replay_function() is None or not _lib:
         return None
-    out = array("q", bytes(8 * ncodes))
+    out = array("q", _ZERO) * ncodes
 
     rc = _lib[0].gr_live(_addr(events), min(end, len(events)), _addr(codes), _addr(sizes), len(sizes), _addr(out))
     if rc:
