@@ -1,0 +1,90 @@
+"""One job at many batches: the library's batch sweep.
+
+`estimate_batches(w, batches)` returns what `estimate()` returns for `w` at each batch, in the order asked
+(tests/memory/test_sweep.py checks they are equal, field for field). The first two batches are estimated in the
+calling thread: the first builds the job's program, the second its batch template (memory/template.py), from which
+every later batch is written out. The rest are shared among threads: the template's write-out, the allocator replay
+and the breakdown pass are compiled functions (memory/native.py) called through ctypes, which releases the GIL while
+they run, so on a machine with several cores the replays of different batches run at the same time. Where the
+compiled functions cannot be had, the threads give the same answers one after another.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable
+
+from gpuready.errors import InputError
+from gpuready.memory.estimate import estimate
+from gpuready.memory.result import MemoryEstimate
+from gpuready.models import resolve_model
+from gpuready.workload import Workload
+
+SERIAL_FIRST = 2  # batches estimated before the threads start: the program's build and the template's
+MAX_WORKERS = 8  # more threads than this gain nothing: the Python between the compiled calls holds the GIL
+
+
+def default_workers() -> int:
+    """Threads a sweep uses by default: the cores this process may run on, at most MAX_WORKERS."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(MAX_WORKERS, cores))
+
+
+def estimate_batches(
+    workload: Workload,
+    batches: Iterable[int],
+    gpu_memory_bytes: int | None = None,
+    *,
+    find_max_batch: bool = False,
+    workers: int | None = None,
+) -> list[MemoryEstimate]:
+    """`estimate(workload at batch b, gpu_memory_bytes, find_max_batch=...)` for each b of `batches`, in order.
+
+    `workers`: threads for the batches after the first two (default: the cores available, at most 8)."""
+    order = list(batches)
+    for b in order:
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+            raise InputError("batch", f"a whole number of at least 1, not {b!r}")
+    if workers is not None and workers < 1:
+        raise InputError("workers", f"at least 1, not {workers!r}")
+    spec = resolve_model(workload.model, workload.as_family)
+    jobs = [workload.model_copy(update={"batch": b}) for b in order]
+
+    def one(w: Workload) -> MemoryEstimate:
+        return estimate(w, gpu_memory_bytes, spec=spec, find_max_batch=find_max_batch)
+
+    results: list[MemoryEstimate | None] = [None] * len(jobs)
+    head = min(SERIAL_FIRST, len(jobs))
+    for i in range(head):
+        results[i] = one(jobs[i])
+    rest = list(range(head, len(jobs)))
+    threads = min(workers or default_workers(), len(rest))
+    if threads <= 1:
+        for i in rest:
+            results[i] = one(jobs[i])
+        return [r for r in results if r is not None]
+
+    errors: list[BaseException] = []
+
+    def work(indices: list[int]) -> None:
+        for i in indices:
+            if errors:
+                return
+            try:
+                results[i] = one(jobs[i])
+            except BaseException as exc:  # handed to the caller's thread below
+                errors.append(exc)
+                return
+
+    pool = [threading.Thread(target=work, args=(rest[k::threads],), daemon=True) for k in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    if errors:
+        raise errors[0]
+    return [r for r in results if r is not None]

@@ -1,0 +1,98 @@
+"""memory/sweep.py: a batch sweep gives estimate()'s answers, in order, from several threads."""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from typing import Any
+
+import pytest
+
+from gpuready.errors import InputError
+from gpuready.memory import estimate
+from gpuready.memory.sweep import default_workers, estimate_batches
+from gpuready.workload import make_workload
+
+GIB = 1 << 30
+est_module = importlib.import_module("gpuready.memory.estimate")
+sweep_module = importlib.import_module("gpuready.memory.sweep")
+
+
+@pytest.mark.parametrize(
+    ("fields", "card"),
+    [
+        ({"model": "gpt2", "method": "lora", "seq": 256}, None),
+        ({"model": "qwen2.5-0.5b", "method": "full", "seq": 512, "grad_ckpt": True}, 24 * GIB),
+        ({"model": "resnet50", "precision": "bf16"}, 16 * GIB),
+        ({"model": "llama-3.2-1b", "task": "infer", "seq": 256, "new_tokens": 32}, 24 * GIB),
+    ],
+)
+def test_each_batch_equals_its_own_estimate(fields: dict[str, Any], card: int | None) -> None:
+    batches = [3, 1, 8, 2, 5, 5, 13]
+    est_module.clear_caches()
+    swept = estimate_batches(make_workload(**fields), batches, card, find_max_batch=card is not None, workers=3)
+    est_module.clear_caches()
+    alone = [estimate(make_workload(**fields, batch=b), card, find_max_batch=card is not None) for b in batches]
+    assert swept == alone
+    assert [r.peak_reserved_bytes for r in swept[:2]] != [0, 0]
+    if card is not None:
+        assert all(r.fits is not None and r.max_batch is not None for r in swept)
+
+
+def test_batches_after_the_first_two_run_on_several_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[int, int] = {}
+    real = sweep_module.estimate
+    barrier = threading.Barrier(2, timeout=10)
+
+    def spy(w: Any, *args: Any, **kwargs: Any) -> Any:
+        seen[w.batch] = threading.get_ident()
+        if w.batch in (3, 4):  # the first batch of each of the two threads: both must be running at once
+            barrier.wait()
+        return real(w, *args, **kwargs)
+
+    monkeypatch.setattr(sweep_module, "estimate", spy)
+    out = estimate_batches(make_workload(model="gpt2", seq=128), [1, 2, 3, 4, 5, 6], workers=2)
+    assert [r.peak_reserved_bytes > 0 for r in out] == [True] * 6
+    assert seen[1] == seen[2] == threading.get_ident()
+    assert seen[3] != seen[4]
+    assert {seen[3], seen[4]} == {seen[5], seen[6]}
+
+
+def test_one_worker_and_many_agree() -> None:
+    w = make_workload(model="gpt2", method="lora", seq=256)
+    one = estimate_batches(w, range(1, 12), workers=1)
+    est_module.clear_caches()
+    many = estimate_batches(w, range(1, 12), workers=4)
+    assert one == many
+    assert [r.peak_reserved_bytes for r in one] == sorted(r.peak_reserved_bytes for r in one)
+
+
+def test_an_error_in_a_thread_reaches_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = sweep_module.estimate
+
+    def failing(w: Any, *args: Any, **kwargs: Any) -> Any:
+        if w.batch == 7:
+            raise RuntimeError("batch 7 broke")
+        return real(w, *args, **kwargs)
+
+    monkeypatch.setattr(sweep_module, "estimate", failing)
+    with pytest.raises(RuntimeError, match="batch 7 broke"):
+        estimate_batches(make_workload(model="gpt2", seq=128), range(1, 10), workers=3)
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True, "4"])
+def test_a_bad_batch_is_an_input_error_naming_the_field(bad: Any) -> None:
+    with pytest.raises(InputError) as err:
+        estimate_batches(make_workload(model="gpt2"), [1, bad])
+    assert err.value.field == "batch"
+
+
+def test_workers_must_be_positive_and_default_to_the_cores() -> None:
+    with pytest.raises(InputError) as err:
+        estimate_batches(make_workload(model="gpt2"), [1, 2, 3], workers=0)
+    assert err.value.field == "workers"
+    assert 1 <= default_workers() <= sweep_module.MAX_WORKERS
+
+
+def test_an_empty_sweep_is_empty() -> None:
+    assert estimate_batches(make_workload(model="gpt2"), []) == []
