@@ -130,3 +130,19 @@ def test_wrap_keeps_gpu_names_whole() -> None:
     lines = wrap(text, 40, keep=names)
     assert all(len(line) <= 40 for line in lines)
     whole_on_a_line("\n".join(lines), list(names))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["llama-3.1-8b", "--method", "lora", "--grad-ckpt", "--gpu", "A100-40GB", "--sweep", "batch=1,2,4,8,16"],
+        ["llama-3.2-1b", "--task", "infer", "--gpu", "A100-40GB", "--sweep", "new-tokens=128,4096,32768"],
+        ["qwen2.5-0.5b", "--sweep", "seq=512,2048,8192"],
+    ],
+)
+def test_estimate_sweep_at_80(capsys: pytest.CaptureFixture[str], args: list[str]) -> None:
+    out = view(capsys, "estimate", *args)
+    values = args[-1].split("=")[1].split(",")
+    rows = [line for line in out.splitlines() if line.startswith("│")]
+    assert [row.split("│")[1].strip() for row in rows] == values
+    assert all("…" not in row for row in rows)  # every bar whole

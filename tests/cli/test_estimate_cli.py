@@ -108,3 +108,54 @@ def test_python_dash_m_is_the_same_program() -> None:
     )
     assert proc.returncode == 0
     assert json.loads(proc.stdout)["params"] == 124_439_808
+
+
+def test_sweep_json_gives_each_value_its_estimate(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuready.memory import estimate
+    from gpuready.workload import make_workload
+
+    code, out, _ = run(
+        capsys, "estimate", "qwen2.5-0.5b", "--method", "lora", "--gpu-memory", "24GiB", "--sweep", "seq=512,4096",
+        "--json",
+    )  # fmt: skip
+    data = json.loads(out)
+    assert code == 0
+    assert data["variable"] == "seq" and data["gpu_memory_bytes"] == 24 << 30
+    assert [p["value"] for p in data["points"]] == [512, 4096]
+    for point in data["points"]:
+        alone = estimate(make_workload(model="qwen2.5-0.5b", method="lora", seq=point["value"]), 24 << 30)
+        assert point["peak_device_bytes"] == alone.peak_device_bytes
+        assert point["fits"] is alone.fits and point["max_batch"] == alone.max_batch
+        assert sum(point["breakdown"].values()) == point["peak_allocated_bytes"]
+    assert data["points"][0]["max_batch"] > data["points"][1]["max_batch"]
+    assert data["assumptions"]
+
+
+def test_sweep_exits_1_when_a_value_does_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys, "estimate", "llama-3.1-8b", "--method", "lora", "--grad-ckpt", "--gpu-memory", "40GiB", "--sweep",
+        "batch=1,16", "--json",
+    )  # fmt: skip
+    points = json.loads(out)["points"]
+    assert code == 1
+    assert [p["fits"] for p in points] == [True, False]
+    assert points[0]["max_batch"] == points[1]["max_batch"] >= 1
+    code, out, _ = run(capsys, "estimate", "gpt2", "--sweep", "batch=1,2", "--json")
+    assert code == 0 and "fits" not in json.loads(out)["points"][0]
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["--sweep", "depth=1,2"], "--sweep"),
+        (["--sweep", "batch=1,x"], "--sweep"),
+        (["--sweep", "batch=1,2", "--batch", "4"], "--sweep"),
+        (["--sweep", "batch=1,2", "--trace"], "--sweep"),
+        (["--sweep", "seq=0,512"], "--seq"),
+        (["--sweep", "batch=0,2"], "batch"),
+    ],
+)
+def test_sweep_bad_input_is_one_line_exit_2(capsys: pytest.CaptureFixture[str], args: list[str], field: str) -> None:
+    code, out, err = run(capsys, "estimate", "gpt2", *args)
+    assert code == 2 and out == ""
+    assert err.startswith(f"gpuready: error: {field}:") and err.count("\n") == 1

@@ -96,3 +96,16 @@ def test_workers_must_be_positive_and_default_to_the_cores() -> None:
 
 def test_an_empty_sweep_is_empty() -> None:
     assert estimate_batches(make_workload(model="gpt2"), []) == []
+
+
+def test_a_sweep_of_another_variable_keeps_the_rest_of_the_job() -> None:
+    from gpuready.memory import estimate_sweep
+
+    base = make_workload(model="qwen2.5-0.5b", method="lora", grad_ckpt=True, batch=2, seq=512)
+    swept = estimate_sweep(base, "lora_r", [8, 64], 24 * GIB, find_max_batch=True)
+    alone = [estimate(base.model_copy(update={"lora_r": r}), 24 * GIB) for r in (8, 64)]
+    assert swept == alone
+    assert swept[0].trainable_params < swept[1].trainable_params
+    with pytest.raises(InputError) as err:
+        estimate_sweep(base, "hidden_size", [1])
+    assert err.value.field == "--sweep"

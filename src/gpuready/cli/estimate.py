@@ -1,4 +1,4 @@
-"""`gpuready estimate MODEL [workload] [--gpu NAME | --gpu-memory SIZE] [--trace]`."""
+"""`gpuready estimate MODEL [workload] [--gpu NAME | --gpu-memory SIZE] [--trace | --sweep VAR=V1,V2,...]`."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from gpuready.errors import InputError
 from gpuready.units import format_bytes
 
 if TYPE_CHECKING:
+    from gpuready.catalog.cards import GpuMemory
     from gpuready.memory.mitigations import Mitigation
     from gpuready.memory.result import MemoryEstimate
 
@@ -61,10 +62,16 @@ def estimate_cmd(
     trace: Annotated[
         bool, typer.Option(help="run the real model code on fake tensors (needs gpuready[trace])")
     ] = False,
+    sweep: Annotated[
+        str | None,
+        typer.Option(help="VAR=V1,V2,... one variable, e.g. batch=1,2,4,8: the predicted peak at each value"),
+    ] = None,
     json_out: JsonOpt = False,
     workload_flags: dict[str, Any] | None = None,
 ) -> int:
     need = gpu_capacity(gpu, gpu_memory)
+    if sweep is not None:
+        return _sweep(model, sweep, need, trace, json_out, dict(workload_flags or {}))
     job = build_job(model, dict(workload_flags or {}))
     workload = job.workload
     capacity = need.bytes if need else None
@@ -111,6 +118,131 @@ def estimate_cmd(
             render_workload_file(job.source, Console())
         render(result, describe(workload), gpu_name, fixes)
     return 1 if result.fits is False else 0
+
+
+def _sweep(
+    model: str | None, text: str, need: GpuMemory | None, trace: bool, json_out: bool, flags: dict[str, Any]
+) -> int:
+    """`--sweep VAR=V1,V2,...`: the estimate at each value, as a table with a bar each (or one JSON document)."""
+    from gpuready.memory.sweep import estimate_sweep
+    from gpuready.trial.sweep import parse_sweep
+
+    variable, values = parse_sweep(text)
+    if trace:
+        raise InputError("--sweep", "sweeps the arithmetic estimate; run --trace for one value at a time")
+    if flags.get(variable) is not None:
+        raise InputError("--sweep", f"{variable} is swept: leave out --{variable.replace('_', '-')}")
+    job = build_job(model, flags)
+    capacity = need.bytes if need else None
+    gpu_name = need.gpu.name if need and need.gpu else None
+    results = estimate_sweep(job.workload, variable, values, capacity, find_max_batch=capacity is not None)
+    if json_out:
+        first = results[0]
+        data: dict[str, Any] = {
+            "model": first.model,
+            "variable": variable,
+            "gpu_memory_bytes": capacity,
+            "points": [{"value": v, **_point(r)} for v, r in zip(values, results, strict=True)],
+            "assumptions": job.assumptions + list(first.assumptions),
+        }
+        if gpu_name:
+            data["gpu"] = gpu_name
+        if job.source is not None:
+            data["workload_file"] = job.source.to_json()
+        print_json(data)
+    else:
+        _render_sweep(variable, values, results, describe_job(job.workload, variable, values), gpu_name)
+    return 1 if any(r.fits is False for r in results) else 0
+
+
+def _point(r: MemoryEstimate) -> dict[str, Any]:
+    keys = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_device_bytes", "phase", "breakdown")
+    card = ("fits", "headroom_bytes", "max_batch", "allocator_limit_bytes") if r.gpu_memory_bytes is not None else ()
+    data = r.to_json()
+    return {k: data[k] for k in (*keys, *card)}
+
+
+def describe_job(workload: Any, variable: str, values: list[int]) -> str:
+    """The job's one-line description with the swept variable's part showing the values swept."""
+    from gpuready.workload import describe
+
+    swept = ", ".join(str(v) for v in values)
+    shown = {
+        "batch": (f"batch {workload.batch}", f"batch {swept}"),
+        "seq": (f"seq {workload.seq}", f"seq {swept}"),
+        "image_size": (f"{workload.image_size} px", f"{swept} px"),
+        "new_tokens": (f"+{workload.new_tokens} new tokens", f"+{swept} new tokens"),
+        "lora_r": (f"r={workload.lora_r}", f"r={swept}"),
+        "grad_accum": (f"grad-accum {workload.grad_accum}", f"grad-accum {swept}"),
+    }
+    old, new = shown[variable]
+    parts = describe(workload).split(" · ")
+    if old in parts:
+        return " · ".join(new if p == old else p for p in parts)
+    hit = [i for i, p in enumerate(parts) if old in p]  # inside a part (lora r=16)
+    if hit:
+        parts[hit[0]] = parts[hit[0]].replace(old, new)
+        return " · ".join(parts)
+    return " · ".join([*parts, new])
+
+
+def _render_sweep(
+    variable: str, values: list[int], results: list[MemoryEstimate], summary: str, gpu_name: str | None
+) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"[bold]{summary}[/bold]")
+    cap = results[0].gpu_memory_bytes
+    scale_to = max([cap or 0, *(r.peak_device_bytes for r in results)])
+    per_value_max = cap is not None and variable != "batch"  # a max batch per value; a batch sweep has one
+    width = max(12, min(40, console.width - 66))  # the bars share the line with the figures
+    title = f"Peak on the device by {variable.replace('_', ' ')}"
+    if cap is not None:
+        title += f" · {format_bytes(cap)}" + (f" ({gpu_name})" if gpu_name else "") + " at ┃"
+    table = Table(title=title, title_justify="left")
+    table.add_column(variable.replace("_", " "), justify="right")
+    table.add_column("peak on device", justify="right")
+    if not per_value_max:  # (narrow terminals: the bar shows it too)
+        table.add_column("allocated", justify="right")
+    if cap is not None:
+        table.add_column("fits")
+        table.add_column("headroom", justify="right")
+    if per_value_max:
+        table.add_column("max batch", justify="right")
+    table.add_column("")
+    for value, r in zip(values, results, strict=True):
+        row = [str(value), format_bytes(r.peak_device_bytes)]
+        if not per_value_max:
+            row.append(format_bytes(r.peak_allocated_bytes))
+        if cap is not None:
+            row += ["[green]yes[/]" if r.fits else "[red]no[/]", format_bytes(r.headroom_bytes or 0)]
+        if per_value_max:
+            row.append(str(r.max_batch))
+        table.add_row(*row, _sweep_bar(r, cap, scale_to, width))
+    console.print(table)
+    console.print("[dim]█ live tensors, ▒ allocator cache and CUDA context[/dim]")
+    if cap is not None and variable == "batch" and results[0].max_batch is not None:
+        console.print(f"largest batch that fits: {results[0].max_batch}")
+
+
+def _sweep_bar(r: MemoryEstimate, cap: int | None, scale_to: int, width: int) -> Any:
+    """One value's bar: live tensors, then cache and context, the card's capacity as ┃ (past it in red)."""
+    from rich.text import Text
+
+    live = round(r.peak_allocated_bytes / scale_to * width)
+    total = max(live, round(r.peak_device_bytes / scale_to * width))
+    cells = [("█", "green")] * live + [("▒", "grey50")] * (total - live)
+    if cap is not None:
+        marker = round(cap / scale_to * width)
+        cells += [("·", "grey30")] * max(0, marker - total)
+        cells = [(c, st if i < marker else "red") for i, (c, st) in enumerate(cells)]
+        cells.insert(marker, ("┃", "bold"))
+    bar = Text()
+    for char, style in cells:
+        bar.append(char, style=style)
+    return bar
 
 
 def _bar(result: MemoryEstimate, width: int = 60) -> Any:

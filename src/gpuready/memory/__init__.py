@@ -2,5 +2,6 @@
 
 from gpuready.memory.estimate import estimate, largest_batch
 from gpuready.memory.result import MemoryEstimate
+from gpuready.memory.sweep import estimate_batches, estimate_sweep
 
-__all__ = ["MemoryEstimate", "estimate", "largest_batch"]
+__all__ = ["MemoryEstimate", "estimate", "estimate_batches", "estimate_sweep", "largest_batch"]

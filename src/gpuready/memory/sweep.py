@@ -1,4 +1,4 @@
-"""One job at many batches: the library's batch sweep.
+"""One job at many batches (or sequence lengths, ...): the library's sweeps.
 
 `estimate_batches(w, batches)` returns what `estimate()` returns for `w` at each batch, in the order asked
 (tests/memory/test_sweep.py checks they are equal, field for field). The first two batches are estimated in the
@@ -19,8 +19,10 @@ from gpuready.errors import InputError
 from gpuready.memory.estimate import estimate
 from gpuready.memory.result import MemoryEstimate
 from gpuready.models import resolve_model
-from gpuready.workload import Workload
+from gpuready.workload import Workload, make_workload
 
+# the workload fields a sweep may vary, one at a time (those `trial --sweep` measures: trial/sweep.py)
+SWEEPABLE = ("batch", "seq", "new_tokens", "image_size", "lora_r", "grad_accum")
 SERIAL_FIRST = 2  # batches estimated before the threads start: the program's build and the template's
 MAX_WORKERS = 8  # more threads than this gain nothing: the Python between the compiled calls holds the GIL
 
@@ -88,3 +90,25 @@ def estimate_batches(
     if errors:
         raise errors[0]
     return [r for r in results if r is not None]
+
+
+def estimate_sweep(
+    workload: Workload,
+    variable: str,
+    values: Iterable[int],
+    gpu_memory_bytes: int | None = None,
+    *,
+    find_max_batch: bool = False,
+    workers: int | None = None,
+) -> list[MemoryEstimate]:
+    """`estimate()` of `workload` with `variable` set to each of `values`, in order. A batch sweep goes through
+    estimate_batches (one program template, threads); any other variable is a new job per value, each checked as
+    the flags are (InputError naming the field for a value the job does not allow)."""
+    if variable not in SWEEPABLE:
+        raise InputError("--sweep", f"{variable!r}: one of {', '.join(SWEEPABLE)}")
+    if variable == "batch":
+        return estimate_batches(workload, values, gpu_memory_bytes, find_max_batch=find_max_batch, workers=workers)
+    given = {name: getattr(workload, name) for name in workload.model_fields_set}
+    jobs = [make_workload(**{**given, variable: v}) for v in values]
+    spec = resolve_model(workload.model, workload.as_family)
+    return [estimate(w, gpu_memory_bytes, spec=spec, find_max_batch=find_max_batch) for w in jobs]
