@@ -5,6 +5,7 @@ python benchmarks/speed.py --against REF [--against REF2] [--runs 5]   # Markdow
                                                                         # `git archive`
 python benchmarks/speed.py                             # this tree only
 python benchmarks/speed.py --plan                      # `gpuready plan` end to end only (docs/steptime.md)
+python benchmarks/speed.py --threads [--runs 3]        # estimate_batches' sweeps at 1, 2, 4, 8 threads
 python benchmarks/speed.py --where [--runs 3] ARGS...   # where one `gpuready ARGS...` run's CPU time goes
 
 Every CLI run is a fresh `python -m gpuready` process with its modules' bytecode already compiled (one untimed run
@@ -88,6 +89,10 @@ def library() -> dict[str, Any]:
         for w in jobs:
             estimate(w)
         out[f"batch sweep: {model} LoRA seq {seq}, batches 1-{top}, no card"] = (len(jobs), time.process_time() - t0)
+        swept = sweep_wall(model, seq, top, None)
+        if swept is not None:
+            key = f"the same through estimate_batches, {swept[2]} threads (wall s)"
+            out[f"batch sweep: {model} LoRA seq {seq}, batches 1-{top}: {key}"] = swept[:2]
     for models in (["gpt2", "qwen2.5-0.5b"], ["llama-3.2-1b", "llama-3.1-8b"]):
         jobs = [
             make_workload(model=m, batch=b, seq=s, method=meth, grad_ckpt=ck)
@@ -113,6 +118,40 @@ def library() -> dict[str, Any]:
             time.process_time() - t0,
         )
     return out
+
+
+def sweep_wall(model: str, seq: int, top: int, workers: int | None) -> tuple[int, float, int] | None:
+    """(batches, wall s, threads) of one estimate_batches call over batches 1..top (None where the tree has none)."""
+    try:
+        from gpuready.memory.sweep import default_workers, estimate_batches
+    except ImportError:
+        return None
+    from gpuready.memory.estimate import clear_caches
+    from gpuready.workload import make_workload
+
+    clear_caches()
+    w = make_workload(model=model, method="lora", seq=seq)
+    t0 = time.perf_counter()
+    estimate_batches(w, range(1, top + 1), workers=workers)
+    return top, time.perf_counter() - t0, workers or default_workers()
+
+
+def threads_report(runs: int) -> None:
+    """estimate_batches' batch sweeps at 1, 2, 4, 8 threads in this tree: wall estimates/s, best of `runs`."""
+    print(
+        f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, machine: {platform.platform()}, "
+        f"{os.cpu_count()} CPUs, python {platform.python_version()}"
+    )
+    print(f"command: python benchmarks/speed.py --threads --runs {runs}\n")
+    counts = (1, 2, 4, 8)
+    print("| batch sweep (estimate_batches, wall) | n | " + " | ".join(f"{k} threads" for k in counts) + " |")
+    print("|---|---:|" + "---:|" * len(counts))
+    for model, seq, top in SWEEPS:
+        cells = []
+        for k in counts:
+            best = min((sweep_wall(model, seq, top, k) or (top, float("nan"), k))[1] for _ in range(runs))
+            cells.append(f"{best:.3f} s; {top / best:.0f}/s")
+        print(f"| {model} LoRA seq {seq}, batches 1-{top}, no card | {top} | {' | '.join(cells)} |")
 
 
 def library_in(src: Path) -> dict[str, Any]:
@@ -146,9 +185,9 @@ def report(trees: list[tuple[str, Path]], runs: int, against: list[str]) -> None
     print(f"\nheavy modules imported by `estimate` (python -X importtime): {heavy}")
     print(f"\n## Library (CPU s; estimates/s)\n| measure | n | {head} |\n|---|---:|" + "---:|" * len(trees))
     results = [library_in(src) for _, src in trees]
-    for key in results[0]:
-        n = results[0][key][0]
-        cells = [f"{r[key][1]:.2f} s; {n / r[key][1]:.0f}/s" for r in results]
+    for key in results[-1]:
+        n = results[-1][key][0]
+        cells = [f"{r[key][1]:.2f} s; {n / r[key][1]:.0f}/s" if key in r else "-" for r in results]
         print(f"| {key} | {n} | {' | '.join(cells)} |")
     print(f"\nload average after: {load()}")
 
@@ -233,6 +272,7 @@ def main() -> int:
     )
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--plan", action="store_true")
+    ap.add_argument("--threads", action="store_true", help="estimate_batches' sweeps at 1-8 threads, this tree")
     ap.add_argument("--library-json", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--where", nargs=argparse.REMAINDER, help="gpuready arguments: where that run's CPU time goes")
     args = ap.parse_args()
@@ -244,6 +284,9 @@ def main() -> int:
         return 0
     if args.plan:
         plan_report()
+        return 0
+    if args.threads:
+        threads_report(args.runs)
         return 0
     root = Path(__file__).resolve().parent.parent
     with tempfile.TemporaryDirectory() as tmp:
