@@ -198,13 +198,42 @@ def test_training_dropout_keeps_cudas_one_byte_mask_not_a_noise_tensor() -> None
 
         x = t.empty((4, 1024, 256), dtype=t.float16, requires_grad=True)
         y = t.nn.functional.dropout(x, 0.1, training=True)
-        assert y.dtype == t.float16
+        assert y.dtype == t.float16 and y.shape == x.shape
         off = t.nn.functional.dropout(x, 0.1, training=False)
         assert off is x
+        (grad,) = t.autograd.grad(y, x, t.empty_like(y))
+        assert grad.shape == x.shape and grad.dtype == t.float16
 
     allocs = [n for n, _ in _record(run)]
     element = 4 * 1024 * 256
-    assert allocs == [2 * element, 2 * element, element]  # input, output, one-byte mask
+    # input; the one-byte mask before the output, as CUDA's kernel makes them (history ac_gpt2_full_b8); backward:
+    # the incoming gradient and native_dropout_backward's one output
+    assert allocs == [2 * element, element, 2 * element, 2 * element, 2 * element]
+
+
+@pytest.mark.torch
+def test_cuda_autocast_casts_a_layer_norms_arguments_right_to_left() -> None:
+    # under CUDA autocast layer_norm runs in fp32; its wrapper casts the arguments of one C++ call, which GCC
+    # evaluates last to first: with bf16 weights the GPU casts bias and weight (3 KiB each for 768) before the
+    # 24 MiB input (history ac_gpt2_full_b8)
+    pytest.importorskip("transformers")
+
+    def run(torch: object) -> None:
+        import torch as t
+
+        from gpuready.memory.trace_record import cuda_autocast_lists
+
+        x = t.empty((8, 1024, 768), dtype=t.bfloat16)
+        weight = t.empty(768, dtype=t.bfloat16)
+        bias = t.empty(768, dtype=t.bfloat16)
+        with t.autocast("cpu", dtype=t.bfloat16), cuda_autocast_lists(t):
+            y = t.nn.functional.layer_norm(x, (768,), weight, bias, 1e-5)
+        assert y.dtype == t.float32
+
+    allocs = [n for n, _ in _record(run)]
+    tokens = 8 * 1024
+    assert allocs[:6] == [2 * tokens * 768, 2 * 768, 2 * 768, 4 * 768, 4 * 768, 4 * tokens * 768]
+    assert allocs[6] == 4 * tokens * 768  # the fp32 output
 
 
 @pytest.mark.torch

@@ -321,17 +321,34 @@ def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
 
 
 def _cuda_dropout(torch: Any) -> Callable[..., Any]:
-    """`F.dropout` as it runs on CUDA: aten's `dropout` takes the fused `native_dropout` there (output and a one-byte
-    mask, which backward keeps), where the CPU runs `_dropout_impl` (a noise tensor of the input's dtype, kept for
+    """`F.dropout` as it runs on CUDA: aten's `dropout` takes the fused `native_dropout` there (a one-byte mask, which
+    backward keeps, and the output), where the CPU runs `_dropout_impl` (a noise tensor of the input's dtype, kept for
     backward, and the product). Rule from aten/src/ATen/native/Dropout.cpp (`is_fused_kernel_acceptable`: a CUDA
-    input, 0 < p < 1, not empty); in-place dropout takes the unfused path on both."""
+    input, 0 < p < 1, not empty); in-place dropout takes the unfused path on both. CUDA's kernel makes the mask
+    before the output (history ac_gpt2_full_b8: 6 MiB, then 12 MiB, at every dropout), the CPU's the other way
+    round, so the fused op is written out here in CUDA's order; its backward is aten's native_dropout_backward, one
+    gradient-sized output, as on CUDA."""
     functional = torch.nn.functional
     original = functional.dropout
+
+    class FusedDropout(torch.autograd.Function):  # type: ignore[misc]
+        @staticmethod
+        def forward(ctx: Any, input: Any, p: float) -> Any:
+            mask = torch.empty_like(input, dtype=torch.bool)
+            out = torch.empty_like(input)
+            ctx.save_for_backward(mask)
+            ctx.scale = 1.0 / (1.0 - p)
+            return out
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            (mask,) = ctx.saved_tensors
+            return torch.ops.aten.native_dropout_backward(grad, mask, ctx.scale), None
 
     def dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
         if inplace or not training or not 0 < p < 1 or input.numel() == 0:
             return original(input, p, training, inplace)
-        return torch.native_dropout(input, p, True)[0]
+        return FusedDropout.apply(input, p)
 
     return dropout
 
@@ -388,8 +405,12 @@ def cuda_autocast_lists(torch: Any) -> Any:
             kwargs = kwargs or {}
             if (func in fp32 or func in opt_dtype) and torch.is_autocast_enabled("cpu"):
                 if func in fp32:
-                    args = tuple(to_fp32(a) for a in args)
-                    kwargs = {k: to_fp32(v) for k, v in kwargs.items()}
+                    # cast right to left, as CUDA's autocast wrapper does (its casts are the arguments of one C++ call,
+                    # which GCC evaluates last to first: history ac_gpt2_full_b8, LayerNorm's weight and bias cast
+                    # before its input)
+                    kwargs = {k: to_fp32(v) for k, v in reversed(kwargs.items())}
+                    kwargs = dict(reversed(kwargs.items()))
+                    args = tuple(reversed([to_fp32(a) for a in reversed(args)]))
                 elif (
                     args and isinstance(args[0], torch.Tensor) and args[0].dtype in low and kwargs.get("dtype") is None
                 ):
