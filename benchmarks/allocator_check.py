@@ -94,6 +94,8 @@ def table(paths: list[Path]) -> None:
     print("|---|---:|---:|" + "---:|" * len(PLACEMENTS))
     for path in paths:
         doc = load_history(path)
+        if "events" not in doc:
+            continue  # a probe's result beside the histories (*.result.json.gz), not a history
         if doc.get("memory_cap_bytes"):
             continue  # recorded under a cap: replayed under it above (its released segments' addresses recur)
         runs = [replay_history(doc, p) for p in PLACEMENTS]

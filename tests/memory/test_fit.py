@@ -92,9 +92,9 @@ def test_streams_keep_their_own_cache_but_share_the_limit() -> None:
 
 def test_margins_rest_on_measurements() -> None:
     assert fit_margin_bytes("lm", 100 * MIB, 10_000 * MIB) == 0
-    # round 11: the program follows the recorded events; max-batch set 14: one failed case completed in the replay
-    # with at most 1% of its largest allocation free, every case that ran with at least 2%: 1.5% on release
-    assert release_margin_bytes("lm", 100 * MIB) == int(1.5 * MIB)
+    # round 11: the program follows the recorded events; max-batch set 14's one failed case that completed in the
+    # replay did so for want of peft's torch.cuda.empty_cache() (now in the program, session 9): no release margin
+    assert release_margin_bytes("lm", 100 * MIB) == 0
     assert fit_margin_bytes("vit", 100 * MIB, 10_000 * MIB) == 45 * MIB
     assert release_margin_bytes("conv", 100 * MIB) == 0
     assert fit_margin_bytes("conv", 100 * MIB, 10_000 * MIB) == 100 * MIB

@@ -40,6 +40,9 @@ def _trace(rng: random.Random, n: int) -> list[int]:
     events: list[int] = []
     made = 0
     for _ in range(n):
+        if rng.random() < 0.01:
+            events.append(0)  # torch.cuda.empty_cache()
+            continue
         if live and rng.random() < 0.45:
             events.append(-live.pop(rng.randrange(len(live))))
             continue
@@ -201,3 +204,18 @@ def test_compiled_breakdown_is_the_python_loop_in_the_same_order(cache: Path) ->
         for phase in prog.phase_peaks:
             end = prog.phase_peak_events[phase]
             assert list(prog.breakdown(phase).items()) == list(prog._breakdown_python(end).items())
+
+
+def test_empty_cache_gives_wholly_free_segments_back_in_every_replay(cache: Path) -> None:
+    _compiled(cache)
+    # 30 MiB (its own segment) and 8 MiB (a 20 MiB segment) made, the 30 MiB one freed; empty_cache gives its
+    # segment back, so the 25 MiB request takes a new 26 MiB segment instead of the cached 30 MiB block
+    events = [30 * MIB, 8 * MIB, -1, 0, 25 * MIB]
+    kept = [30 * MIB, 8 * MIB, -1, 25 * MIB]
+    for run in (replay, _replay_one_stream, replay_reference):
+        emptied, cached = run(events, None), run(kept, None)
+        assert emptied.reserved_bytes == (20 + 26) * MIB and cached.reserved_bytes == 50 * MIB
+        assert emptied.peak_reserved_bytes == cached.peak_reserved_bytes == 50 * MIB
+        assert emptied.releases == 0 and emptied.segments == 2  # asked for, not forced by a limit
+    # under a limit the emptied cache leaves room: 46 MiB fits a 48 MiB limit with no forced release
+    assert replay(events, 48 * MIB) == _replay_one_stream(events, 48 * MIB) == replay_reference(events, 48 * MIB)

@@ -117,3 +117,25 @@ def test_programs_built_in_another_thread_while_recording_stay_plain() -> None:
         thread.join()
     assert len(made) == 1
     assert seen == [[1024, -1]]
+
+
+def test_a_kbit_prep_template_writes_out_peft_s_empty_cache() -> None:
+    # peft's prepare_model_for_kbit_training calls torch.cuda.empty_cache() after its fp32 casts (histories kbit_*):
+    # the program's event 0, which the batch template must write out at every batch as the builders make it
+    from gpuready.memory.estimate import _build
+    from gpuready.memory.template import build_template
+    from gpuready.models import resolve_model
+    from gpuready.workload import make_workload
+
+    spec = resolve_model("qwen2.5-3b")
+    w = make_workload(model="qwen2.5-3b", method="qlora", autocast=True, kbit_prep=True, seq=512, grad_ckpt=True)
+    built = _build(spec, w)
+    assert list(built.events).count(0) == 1
+    template = build_template(lambda x: _build(spec, x), w)
+    assert template is not None
+    for batch in (1, 3, 8):
+        made = template.instantiate(batch)
+        assert made == _build(spec, w.model_copy(update={"batch": batch}))
+        assert list(made.events).count(0) == 1
+    peak_phase = max(built.phase_peaks, key=lambda p: built.phase_peaks[p])
+    assert sum(built.breakdown(peak_phase).values()) == built.peak_allocated  # (event 0 frees nothing)

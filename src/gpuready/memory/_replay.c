@@ -237,8 +237,30 @@ static int drop_block(Blocks *bs, int32_t i) {
     return 1;
 }
 
-/* out: peak_allocated, peak_reserved, allocated, reserved, peak_allocated_event, peak_reserved_event, segments,
- * releases, oom_event (-1: none), and on an error the event's index. cap < 0: no limit. */
+/* every wholly free segment (its first block free, with no neighbour) back to the device: PyTorch's
+ * release_cached_blocks; heads keeps the segments that stay */
+static int release_cached(Pool *pools, Blocks *bs, int32_t *heads, int64_t *nheads, int64_t *reserved,
+                          int64_t *segments) {
+    int64_t k, kept = 0;
+    for (k = 0; k < *nheads; k++) {
+        int32_t h = heads[k];
+        Block *b = &bs->b[h];
+        if (!b->allocated && b->prev < 0 && b->next < 0) {
+            pool_remove(&pools[b->small], bs->b, h);
+            *reserved -= b->size;
+            (*segments)--;
+            if (!drop_block(bs, h)) return 0;
+        } else {
+            heads[kept++] = h;
+        }
+    }
+    *nheads = kept;
+    return 1;
+}
+
+/* ev: +size allocates (the next id), -id frees, 0 empties the cache. out: peak_allocated, peak_reserved, allocated,
+ * reserved, peak_allocated_event, peak_reserved_event, segments, releases, oom_event (-1: none), and on an error the
+ * event's index. cap < 0: no limit. */
 int gr_replay(const int64_t *ev, int64_t n, int64_t cap, int64_t *out) {
     Pool pools[2]; /* 0: large, 1: small */
     memset(pools, 0, sizeof pools);
@@ -274,20 +296,7 @@ int gr_replay(const int64_t *ev, int64_t n, int64_t cap, int64_t *out) {
                     seg = (size + ROUND_LARGE - 1) / ROUND_LARGE * ROUND_LARGE;
                 if (cap >= 0 && reserved + seg > cap) {
                     /* release every wholly free segment, then retry once */
-                    int64_t k, kept = 0;
-                    for (k = 0; k < nheads; k++) {
-                        int32_t h = heads[k];
-                        Block *b = &bs.b[h];
-                        if (!b->allocated && b->prev < 0 && b->next < 0) {
-                            pool_remove(&pools[b->small], bs.b, h);
-                            reserved -= b->size;
-                            segments--;
-                            if (!drop_block(&bs, h)) { rc = ERR_NOMEM; goto done; }
-                        } else {
-                            heads[kept++] = h;
-                        }
-                    }
-                    nheads = kept;
+                    if (!release_cached(pools, &bs, heads, &nheads, &reserved, &segments)) { rc = ERR_NOMEM; goto done; }
                     releases++;
                     if (reserved + seg > cap) {
                         oom = i;
@@ -379,6 +388,9 @@ int gr_replay(const int64_t *ev, int64_t n, int64_t cap, int64_t *out) {
                 if (!drop_block(&bs, nx)) { rc = ERR_NOMEM; goto done; }
             }
             if (!pool_add(pool, bs.b, blk)) { rc = ERR_NOMEM; goto done; }
+        } else {
+            /* torch.cuda.empty_cache(): the same release, asked for (not counted among the releases a limit forced) */
+            if (!release_cached(pools, &bs, heads, &nheads, &reserved, &segments)) { rc = ERR_NOMEM; goto done; }
         }
     }
 done:

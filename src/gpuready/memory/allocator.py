@@ -262,7 +262,8 @@ def replay(
     events: Iterable[int], capacity_bytes: int | None = None, streams: list[int] | None = None
 ) -> AllocatorStats:
     """Replay a trace: a positive number allocates that many bytes and gets the next id (1, 2, ...);
-    a negative number `-k` frees the allocation with id `k`. Zero-byte events are not allocations.
+    a negative number `-k` frees the allocation with id `k`; 0 is torch.cuda.empty_cache() (every wholly free
+    cached segment goes back to the device; not counted in `releases`, which counts the releases a limit forced).
     `streams[k]`: the CUDA stream of allocation `k` (all on stream 0 when None); `capacity_bytes`: the
     device's limit for the allocator's reserve (None: unlimited).
 
@@ -410,6 +411,16 @@ def _replay_one_stream(events: Iterable[int], capacity_bytes: int | None) -> All
             insort(keys, size << shift | addr)
             free_size[addr] = size
             free_end[addr + size] = addr
+        else:
+            # torch.cuda.empty_cache(): every wholly free segment back to the device (not a release to retry)
+            for a in [a for a, n in seg_size.items() if free_size.get(a) == n]:
+                n = seg_size.pop(a)
+                pool = small_keys if a >= small_base else large_keys
+                del pool[bisect_left(pool, n << shift | a)]
+                del free_size[a]
+                del free_end[a + n]
+                reserved -= n
+                segments -= 1
     del i
     return AllocatorStats(
         peak_allocated_bytes=peak_a,
@@ -431,7 +442,7 @@ def replay_reference(
     benchmarks/replay_check.py, compares the two), and its path for events on several streams.
 
     Replay a trace: a positive number allocates that many bytes and gets the next id (1, 2, ...);
-    a negative number `-k` frees the allocation with id `k`. Zero-byte events are not allocations.
+    a negative number `-k` frees the allocation with id `k`; 0 empties the cache (torch.cuda.empty_cache()).
     `streams[k]`: the CUDA stream of allocation `k` (all on stream 0 when None); `capacity_bytes`: the
     device's limit for the allocator's reserve (None: unlimited)."""
     alloc = CachingAllocator(capacity_bytes)
@@ -459,6 +470,8 @@ def replay_reference(
                 raise ValueError(f"event {i}: allocation {-ev} freed twice")
             handles[-ev] = None
             free(block)
+        else:
+            alloc.release_cached()  # torch.cuda.empty_cache()
     del i
     return AllocatorStats(
         peak_allocated_bytes=alloc.peak_allocated,

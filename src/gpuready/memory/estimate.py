@@ -391,7 +391,8 @@ def assumptions(
                     f"{w.precision} and quantized, dequantized around every matmul; embeddings, norms and lm_head "
                     + (
                         "cast to fp32 by peft's prepare_model_for_kbit_training (--kbit-prep): fp32 residual stream, "
-                        "norms and 4-bit linear outputs, autocast's bf16 copies around them"
+                        "norms and 4-bit linear outputs, autocast's bf16 copies around them; its "
+                        "torch.cuda.empty_cache() after the casts (peft's auto_clear_cache, on by default in peft 0.21)"
                         if w.kbit_prep
                         else "stay in that dtype; give --kbit-prep if the script calls peft's "
                         "prepare_model_for_kbit_training (most QLoRA tutorials do: 15-35% more on 4 H200 jobs)"

@@ -90,6 +90,7 @@ def replay_history(doc: dict[str, Any], placement: str = "model", top: int = 12)
     pools: dict[int, CachingAllocator] = {}
     blocks: dict[int, tuple[int, Block]] = {}
     live: dict[int, tuple[int, int]] = {}  # addr -> (size, frame id)
+    capped = bool(doc.get("memory_cap_bytes"))
     gpu_segments: list[tuple[int, int]] = []
     model_segments: list[tuple[int, int]] = []
     allocated = peak_alloc = 0
@@ -121,6 +122,11 @@ def replay_history(doc: dict[str, Any], placement: str = "model", top: int = 12)
                 allocated -= live.pop(addr)[0]
         elif action == "segment_alloc":
             gpu_segments.append((size, fid))
+        elif action == "segment_free" and not capped and (i == 0 or events[i - 1][0] != "segment_free"):
+            # with no limit nothing forces a release: a run of segment frees is torch.cuda.empty_cache() (peft's
+            # prepare_model_for_kbit_training calls it after its fp32 casts: histories kbit_prep_*)
+            for pool in pools.values():
+                pool.release_cached()
     first = None
     for k, (gpu, model) in enumerate(zip(gpu_segments, model_segments, strict=False)):
         if gpu[0] != model[0]:
@@ -206,12 +212,15 @@ def replay_capped(doc: dict[str, Any], cap_bytes: int | None = None, placement: 
     model_failed: int | None = None
     fails_there: bool | None = None
     where = 0
+    recorded_uncapped = not doc.get("memory_cap_bytes")
     for i, (action, addr, size, stream, fid) in enumerate(events):
         if action == "segment_alloc":
             gpu_reserved += size
         elif action == "segment_free":
             gpu_reserved -= size
             gpu_releases += 1
+            if recorded_uncapped and (i == 0 or events[i - 1][0] != "segment_free"):
+                alloc.release_cached()  # recorded with no limit: torch.cuda.empty_cache() (see replay_history)
         elif action == "oom":
             gpu_oom, gpu_oom_bytes, where = i, size, fid
             try:
@@ -314,7 +323,7 @@ def program_streams(prog: Program) -> dict[int, list[StreamEvent]]:
             cat = prog.categories[handle]
             stream_of[handle] = prog.streams.get(cat, 0)
             out[stream_of[handle]].append(StreamEvent(True, handle, ev, cat))
-        else:
+        elif ev < 0:
             out[stream_of[-ev]].append(StreamEvent(False, -ev, prog.sizes[-ev], prog.categories[-ev]))
     return dict(out)
 

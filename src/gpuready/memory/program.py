@@ -60,7 +60,8 @@ HOOKS = threading.local()
 class Program:
     """Ordered allocations and frees with a running total. Sizes are rounded as the allocator rounds them."""
 
-    # allocator.replay's encoding: +size allocates and takes the next id (1, 2, ...), -id frees that id. A program
+    # allocator.replay's encoding: +size allocates and takes the next id (1, 2, ...), -id frees that id, 0 empties
+    # the cache (torch.cuda.empty_cache(): every wholly free cached segment back to the device). A program
     # a batch template writes out (memory/template.py) keeps both as the int64 arrays the compiled loops made.
     events: MutableSequence[int] = field(default_factory=list)
     sizes: MutableSequence[int] = field(default_factory=lambda: [0])  # handle -> rounded bytes (handle 0: nothing)
@@ -175,6 +176,10 @@ class Program:
         self.events.append(-handle)
         self.allocated -= self.sizes[handle]
 
+    def empty_cache(self) -> None:
+        """torch.cuda.empty_cache() here: the allocator gives every wholly free cached segment back (event 0)."""
+        self.events.append(0)
+
     def free_all(self, handles: list[int]) -> None:
         for h in handles:
             self.free(h)
@@ -230,7 +235,7 @@ class Program:
             if ev > 0:
                 handle += 1
                 by_cat[cats[handle]] = by_cat.get(cats[handle], 0) + sizes[handle]
-            else:
+            elif ev < 0:
                 by_cat[cats[-ev]] -= sizes[-ev]
         return {k: v for k, v in by_cat.items() if v}
 
@@ -256,7 +261,10 @@ class Program:
                 counts[s] += 1
                 where[handle] = (s, counts[s])
                 streams[s].append(ev)
-            else:
+            elif ev < 0:
                 s, i = where[-ev]
                 streams[s].append(-i)
+            else:  # empty_cache releases every stream's cached segments
+                for events in streams:
+                    events.append(0)
         return streams

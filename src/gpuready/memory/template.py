@@ -175,7 +175,7 @@ class _Recorder:
         self.prog = prog
         self.a: list[int] = [0]  # handle -> bytes requested = a * batch + c
         self.c: list[int] = [0]
-        self.ops: list[int] = []  # +handle allocates it, -handle frees it
+        self.ops: list[int] = []  # +handle allocates it, -handle frees it, 0 empties the cache
         self.phases: list[tuple[int, str]] = [(0, prog.phase)]  # (ops before, phase)
 
     def alloc(self, category: str, nbytes: Any) -> int:
@@ -193,6 +193,9 @@ class _Recorder:
     def free(self, handle: int) -> None:
         if handle:
             self.ops.append(-handle)
+
+    def empty_cache(self) -> None:
+        self.ops.append(0)  # (written out as event 0 at every batch)
 
     def size_of(self, handle: int) -> int:
         if self.a[handle]:
@@ -312,6 +315,7 @@ def _recording() -> Iterator[list[_Recorder]]:
         prog.largest_request = UNKNOWN
         prog.alloc = rec.alloc  # type: ignore[method-assign]
         prog.free = rec.free  # type: ignore[method-assign]
+        prog.empty_cache = rec.empty_cache  # type: ignore[method-assign]
         prog.size_of = rec.size_of  # type: ignore[method-assign]
         prog.set_phase = rec.set_phase  # type: ignore[method-assign]
         made.append(rec)

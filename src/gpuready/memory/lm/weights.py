@@ -140,6 +140,10 @@ def load_weights(prog: Program, ctx: Ctx, whole_first: bool = True) -> Weights:
     for handle, numel in small:
         prog.alloc("weights", numel * 4)
         prog.free(handle)
+    if small:
+        # and then torch.cuda.empty_cache() (peft's auto_clear_cache, on by default: the GPU gives its wholly free
+        # segments back there; histories kbit_prep_1..4, kbit_mistral_ckpt_b2)
+        prog.empty_cache()
     moved = [prog.alloc("lora_adapters", numel * p) for numel in deferred]
     if p != 4:
         cast: list[int] = []
