@@ -372,12 +372,16 @@ def test_a_trl_config_that_leaves_keys_out_gets_sftconfigs_defaults(tmp_path: Pa
     f = src.fields
     assert (f["seq"], f["grad_ckpt"], f["precision"], f["batch"]) == (1024, True, "bf16", 2)
     assert sum("SFTConfig" in n for n in src.notes) == 3
-    assert any("chunked_nll" in n for n in src.notes)  # the loss TRL 1.x runs by default is not modelled
-    # said in the file, the file wins
+    assert any("fused LM head" in n for n in src.notes)  # TRL 1.x's loss never holds the whole logits
+    # said in the file, the file wins; a loss_type given is named as not modelled (TRL scores every one fused)
     given = "model_name_or_path: gpt2\nmax_length: 512\ngradient_checkpointing: false\nbf16: false\nloss_type: nll\n"
     src = read_workload_file(write(tmp_path, "b.yaml", given))
     assert (src.fields["seq"], src.fields["grad_ckpt"]) == (512, False)
-    assert not any("SFTConfig" in n or "chunked_nll" in n for n in src.notes)
+    assert not any("SFTConfig" in n or "fused LM head" in n for n in src.notes)
+    assert [w.key for w in src.warnings] == ["loss_type"]
+    # label smoothing takes the model's full logits: sized as they are
+    smooth = read_workload_file(write(tmp_path, "s.yaml", given + "label_smoothing_factor: 0.1\n"))
+    assert not smooth.warnings and not any("fused LM head" in n for n in smooth.notes)
 
 
 def test_trl_chunked_loss_and_qlora_adapters_are_named_as_not_modelled(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ class JobPackage:
     fix: str  # the command that installs it
 
 
-# the tool a workload file belongs to, where the file names one (workload/formats.py's format names): the job runs
+# the tool a workload file belongs to, where the file names one (workload/formats/'s format names): the job runs
 # that tool; a TRL / TrainingArguments JSON may be run by transformers' Trainer alone, so it names none
 TOOLS = {
     "axolotl": ("axolotl", "axolotl", "the workload is an axolotl config"),
@@ -37,7 +37,7 @@ def job_packages(
 ) -> list[JobPackage]:
     """The packages `w` imports (beyond torch, which the doctor checks), each once, in a stable order. `vision`:
     the model is an image model; `torchvision_model`: one of torchvision's own (resnet, vit_*); `framework`: the
-    format of the workload file it came from (workload/formats.py), whose tool runs it: a torchtune recipe runs on
+    format of the workload file it came from (workload/formats/), whose tool runs it: a torchtune recipe runs on
     torchtune (its QLoRA on torchao's NF4, not bitsandbytes) rather than transformers and peft."""
     out: dict[str, JobPackage] = {}
 

@@ -62,7 +62,7 @@ def _optimizer(torch: Any, optim: str, params: list[Any]) -> Any:
         return torch.optim.SGD(params, lr=1e-5, momentum=0.9)
     if optim == "adafactor":
         # transformers' Adafactor as the HF Trainer builds it for optim="adafactor" (what --optim adafactor means,
-        # workload/formats.py): a fixed learning rate, no parameter scaling
+        # workload/formats/): a fixed learning rate, no parameter scaling
         from transformers.optimization import Adafactor
 
         return Adafactor(params, lr=1e-5, scale_parameter=False, relative_step=False)  # type: ignore[no-untyped-call,unused-ignore]
