@@ -416,7 +416,10 @@ def workload_from_args(args: list[str] | str) -> Workload:
             continue
         if i + 1 >= len(words):
             raise InputError(word, "needs a value")
-        fields[name] = words[i + 1]
+        value: Any = words[i + 1]
+        if name in INT_BOUNDS and value.isdigit():
+            value = int(value)  # as the CLI's parser gives it: the plain path, no pydantic (a GPU machine may lack it)
+        fields[name] = value
         i += 2
     return make_workload(**fields)
 
