@@ -179,3 +179,22 @@ def test_the_workload_files_tool_decides_the_packages(
         framework=framework,
     )
     assert looked == wanted
+
+
+def test_a_fit_that_frees_the_cache_shows_the_peak_on_the_card_not_over_it() -> None:
+    # qwen2.5-3b LoRA + ckpt at 4 x 2048 reserves more than a 24 GiB card with no limit and fits it by freeing
+    # the allocator's cache (max-batch case: 4 ran on 24.1 GiB): the line shows the peak on the card, the unlimited
+    # one beside it
+    from gpuready.check.check import size_step
+    from gpuready.memory import estimate
+
+    w = make_workload(model="qwen2.5-3b", method="lora", grad_ckpt=True, seq=2048, batch=4)
+    est = estimate(w, 24 << 30)
+    assert est.fits and est.cache_releases and est.reserved_on_card_bytes is not None
+    assert est.peak_device_bytes > 24 << 30  # the unlimited peak alone would read as "over the card"
+    step = size_step(w, 24 << 30, "24.00 GiB")
+    on_card = est.reserved_on_card_bytes + est.peak_device_bytes - est.peak_reserved_bytes
+    assert on_card <= 24 << 30
+    assert step.status == "pass"
+    assert step.summary.startswith(f"{on_card / 2**30:.2f} GiB at the peak (backward) on 24.00 GiB, freeing its cache")
+    assert f"({est.peak_device_bytes / 2**30:.2f} GiB with no limit): fits" in step.summary

@@ -10,13 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from gpuready.doctor.job import JobPackage, missing_job_packages
 from gpuready.errors import InputError
 from gpuready.models import ModelSpec
 from gpuready.units import format_bytes
 from gpuready.workload import Workload, describe
+
+if TYPE_CHECKING:
+    from gpuready.memory.result import MemoryEstimate
 
 Status = Literal["pass", "warn", "fail", "skip"]
 
@@ -58,17 +61,28 @@ def _gpu_memory_here() -> tuple[int | None, str | None]:
     return gpu.memory_total_bytes, gpu.name
 
 
+def _size_line(est: MemoryEstimate, where: str | None) -> str:
+    """The peak on the card and the verdict. A job that fits only by freeing the allocator's cache shows the peak
+    it reaches on the card (the replay under the card's limit), with the peak it would reach with no limit beside
+    it, so the figure never reads as larger than the card it fits."""
+    context = est.peak_device_bytes - est.peak_reserved_bytes
+    if est.fits and est.reserved_on_card_bytes is not None and est.cache_releases:
+        return (
+            f"{format_bytes(est.reserved_on_card_bytes + context)} at the peak ({est.phase}) on {where}, freeing its "
+            f"cache on the way ({format_bytes(est.peak_device_bytes)} with no limit): fits"
+        )
+    return f"{format_bytes(est.peak_device_bytes)} at the peak ({est.phase}) on {where}: " + (
+        "fits" if est.fits else "does not fit"
+    )
+
+
 def size_step(workload: Workload, capacity: int | None, where: str | None, spec: ModelSpec | None = None) -> Step:
     from gpuready.catalog import load_gpus
     from gpuready.memory import estimate
 
     if capacity is not None:
         est = estimate(workload, capacity, spec=spec)
-        line = (
-            f"{format_bytes(est.peak_device_bytes)} at the peak ({est.phase}) on {where}: "
-            + ("fits" if est.fits else "does not fit")
-            + f"; largest batch that fits {est.max_batch}"
-        )
+        line = _size_line(est, where) + f"; largest batch that fits {est.max_batch}"
         data = est.to_json()
         fixes: list[str] = []
         if not est.fits:  # what would fit, computed once for the card of this answer
