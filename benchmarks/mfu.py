@@ -1,5 +1,5 @@
 """Achieved share of peak (MFU) of the measured H200 training rows, by plan.step_flops (the FLOPs of the
-job's ops, plan/ops.py). The step-time model itself is checked by benchmarks/steptime.py.
+job's ops, plan/ops/). The step-time model itself is checked by benchmarks/steptime.py.
     python benchmarks/mfu.py"""
 
 from __future__ import annotations

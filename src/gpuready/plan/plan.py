@@ -89,7 +89,7 @@ class PlanResult:
 
 
 def step_flops(spec: ModelSpec, w: Workload) -> float | None:
-    """FLOPs of one optimizer step on one GPU from the job's ops (plan/ops.py); None for inference."""
+    """FLOPs of one optimizer step on one GPU from the job's ops (plan/ops/); None for inference."""
     if not w.training:
         return None
     from gpuready.plan.ops import training_ops

@@ -1,4 +1,4 @@
-"""Step time of a job on any catalog GPU, from the job's own ops (plan/ops.py) costed on the card's roofline.
+"""Step time of a job on any catalog GPU, from the job's own ops (plan/ops/) costed on the card's roofline.
 
 Each op takes the longest of:
 - its FLOPs at the card's dense peak for its arithmetic (bf16/fp16 tensor cores, TF32 for fp32 convolutions,
@@ -207,7 +207,7 @@ def _exposed_comm(w: Workload, comm: list[Op], compute: float, backward: float, 
 def training_breakdown(
     all_ops: list[Op], w: Workload, gpu: Gpu, eff: Efficiency, notes: set[str] | None = None
 ) -> dict[str, float]:
-    """Seconds by op class of one training step from its ops (plan/ops.py `training_ops`)."""
+    """Seconds by op class of one training step from its ops (plan/ops/ `training_ops`)."""
     notes = notes if notes is not None else set()
     comm = [o for o in all_ops if o.kind == "comm"]
     work = [o for o in all_ops if o.kind != "comm"]

@@ -1,0 +1,52 @@
+"""Scaled dot-product attention as the kernel SDPA picks runs it: the fused flash and memory-efficient kernels,
+or the math path's and eager attention's batched GEMMs and element-wise passes over the scores.
+"""
+
+from __future__ import annotations
+
+from gpuready.plan.ops.base import Math, Op, _gemm, _mem, _Steps
+
+
+def _attention(
+    s: _Steps,
+    backend: str,
+    batch: int,
+    heads: int,
+    q_len: int,
+    kv_len: int,
+    head_dim: int,
+    e: int,
+    math: Math,
+    *,
+    causal: bool,
+    window: int | None,
+    fwd: float,
+    backward: bool,
+    layers: int,
+) -> None:
+    """Scaled dot-product attention over `layers` layers."""
+    span = kv_len if window is None else min(kv_len, window)
+    bh = batch * heads * layers
+    if backend in ("flash", "efficient"):
+        # fused kernels skip the masked half of a causal S x S square
+        pairs = q_len * span * (0.5 if causal and q_len == kv_len and window is None else 1.0)
+        f = 4.0 * bh * pairs * head_dim
+        io = 4.0 * bh * q_len * head_dim * e  # q, k, v in, out
+        s.add(Op("attention", "attention", f, io, layers, q_len, span, head_dim, math=math), fwd)
+        if backward:
+            s.add(Op("attention", "attention", 2.5 * f, 2.5 * io, layers, q_len, span, head_dim, math=math))
+        return
+    # math / eager: two batched GEMMs over the whole square, then element-wise passes over the scores
+    scores = float(bh) * q_len * kv_len
+    sc = 4 if backend == "math" else e  # sdpa's math path runs in the query dtype; eager's softmax upcasts
+    # scale (eager folds it into the first matmul), mask add (read scores + mask, write), softmax to fp32
+    # (read, write 4 B), cast back (read 4, write e), PV reads the probabilities
+    fwd_bytes = scores * (2 * sc + 2 * sc + (sc + 4) + (4 + e))
+    s.add(_gemm("attention", q_len, kv_len, head_dim, e, math, bh, layers), fwd)
+    s.add(_gemm("attention", q_len, head_dim, kv_len, e, math, bh, layers), fwd)
+    s.add(_mem("attention", fwd_bytes, 4 * layers), fwd)
+    if backward:
+        s.add(_gemm("attention", q_len, kv_len, head_dim, e, math, 2 * bh, 2 * layers))  # dP and dV
+        s.add(_gemm("attention", q_len, head_dim, kv_len, e, math, 2 * bh, 2 * layers))  # dQ and dK
+        # softmax backward, the casts' and scale's backward: about 1.5x the forward passes
+        s.add(_mem("attention", 1.5 * fwd_bytes, 6 * layers))
