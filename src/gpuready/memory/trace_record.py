@@ -106,8 +106,14 @@ def make_recorder(torch: Any, trace: Trace) -> Any:
             return self.ids.get(t.untyped_storage()._cdata)
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    self.track(t)
             if func in matmuls:
-                # one cuBLAS handle (and workspace) per thread: forward/optimizer and autograd's device thread
+                # one cuBLAS handle (and workspace) per thread: forward/optimizer and autograd's device thread; the
+                # workspace is asked for inside the first cuBLAS call, after the op has made its output (history
+                # ac_gpt2_full_b8: Conv1D's output, then the 32 MiB workspace; the lm_head's weight gradient, then it)
                 thread = "backward" if trace.phase == "backward" else "main"
                 if thread not in self.workspaces:
                     self.workspaces.add(thread)
@@ -115,10 +121,6 @@ def make_recorder(torch: Any, trace: Trace) -> Any:
                     trace.component = "other"
                     trace.alloc(CUBLAS_WORKSPACE_BYTES)  # never freed
                     trace.component = saved
-            out = func(*args, **(kwargs or {}))
-            for t in tree_leaves(out):
-                if isinstance(t, torch.Tensor):
-                    self.track(t)
             if func is sum_dims and REDUCTION_BUFFERS:
                 self.reduction_buffer(args[0], args[1], out)
             return out
