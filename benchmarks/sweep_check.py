@@ -25,10 +25,11 @@ def rows(predicted: dict[str, Any], measured: dict[str, Any]) -> list[dict[str, 
     taken = {p["values"][var]: p for p in measured["points"]}
     out = []
     for p in predicted["points"]:
-        m = taken.get(p["value"])
+        value = p["values"][var] if "values" in p else p["value"]  # (`value` until 2026-12-01's first sweep check)
+        m = taken.get(value)
         if m is None:
-            raise ValueError(f"{var}={p['value']} was not measured")
-        row: dict[str, Any] = {"value": p["value"], "status": m["status"]}
+            raise ValueError(f"{var}={value} was not measured")
+        row: dict[str, Any] = {"value": value, "status": m["status"]}
         for key in ("peak_reserved_bytes", "peak_allocated_bytes"):
             got = m.get(key)
             row[key] = (p[key], got, (p[key] - got) / got if got else None)

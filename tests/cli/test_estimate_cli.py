@@ -121,9 +121,9 @@ def test_sweep_json_gives_each_value_its_estimate(capsys: pytest.CaptureFixture[
     data = json.loads(out)
     assert code == 0
     assert data["variable"] == "seq" and data["gpu_memory_bytes"] == 24 << 30
-    assert [p["value"] for p in data["points"]] == [512, 4096]
+    assert [p["values"] for p in data["points"]] == [{"seq": 512}, {"seq": 4096}]
     for point in data["points"]:
-        alone = estimate(make_workload(model="qwen2.5-0.5b", method="lora", seq=point["value"]), 24 << 30)
+        alone = estimate(make_workload(model="qwen2.5-0.5b", method="lora", seq=point["values"]["seq"]), 24 << 30)
         assert point["peak_device_bytes"] == alone.peak_device_bytes
         assert point["fits"] is alone.fits and point["max_batch"] == alone.max_batch
         assert sum(point["breakdown"].values()) == point["peak_allocated_bytes"]

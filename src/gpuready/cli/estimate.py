@@ -142,7 +142,8 @@ def _sweep(
             "model": first.model,
             "variable": variable,
             "gpu_memory_bytes": capacity,
-            "points": [{"value": v, **_point(r)} for v, r in zip(values, results, strict=True)],
+            # each point's `values` as `trial --sweep --json` writes them, so the two read alike
+            "points": [{"values": {variable: v}, **_point(r)} for v, r in zip(values, results, strict=True)],
             "assumptions": job.assumptions + list(first.assumptions),
         }
         if gpu_name:
