@@ -97,6 +97,13 @@ def _program(spec: ModelSpec, w: Workload, meta_init: bool = False) -> Program:
 
 
 _first_batch: dict[tuple[ModelSpec, Workload, bool], int] = {}  # job structure (batch 1) -> first batch built
+TEMPLATE_FIRST = 0  # the "first batch" of a structure whose every batch comes from its template (no batch is 0)
+
+
+def expect_many_batches(spec: ModelSpec, w: Workload, meta_init: bool = False) -> None:
+    """Say that `w`'s structure will be estimated at many batches (a sweep): its first batch is then written out from
+    the batch template too, instead of being built and the template recorded at the second (one build saved)."""
+    _first_batch.setdefault((spec, w.model_copy(update={"batch": 1}), meta_init), TEMPLATE_FIRST)
 
 
 @functools.lru_cache(maxsize=32)

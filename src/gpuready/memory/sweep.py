@@ -2,11 +2,12 @@
 
 `estimate_batches(w, batches)` returns what `estimate()` returns for `w` at each batch, in the order asked
 (tests/memory/test_sweep.py checks they are equal, field for field). The first two batches are estimated in the
-calling thread: the first builds the job's program, the second its batch template (memory/template.py), from which
-every later batch is written out. The rest are shared among threads: the template's write-out, the allocator replay
-and the breakdown pass are compiled functions (memory/native.py) called through ctypes, which releases the GIL while
-they run, so on a machine with several cores the replays of different batches run at the same time. Where the
-compiled functions cannot be had, the threads give the same answers one after another.
+calling thread; with more than two batches the job's batch template (memory/template.py) is recorded at the first
+and every batch, the first too, is written out from it (one program build saved; the template's programs are the
+builders' own, tests/memory/test_template.py). The rest are shared among threads: the template's write-out, the
+allocator replay and the breakdown pass are compiled functions (memory/native.py) called through ctypes, which
+releases the GIL while they run, so on a machine with several cores the replays of different batches run at the
+same time. Where the compiled functions cannot be had, the threads give the same answers one after another.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import threading
 from collections.abc import Iterable
 
 from gpuready.errors import InputError
-from gpuready.memory.estimate import estimate
+from gpuready.memory.estimate import estimate, expect_many_batches, fsdp_meta_init
 from gpuready.memory.result import MemoryEstimate
 from gpuready.models import resolve_model
 from gpuready.workload import Workload, make_workload
@@ -55,6 +56,8 @@ def estimate_batches(
         raise InputError("workers", f"at least 1, not {workers!r}")
     spec = resolve_model(workload.model, workload.as_family)
     jobs = [workload.model_copy(update={"batch": b}) for b in order]
+    if len(set(order)) > 2:  # enough batches that recording the template first saves a build
+        expect_many_batches(spec, workload, fsdp_meta_init(spec, workload, gpu_memory_bytes))
 
     def one(w: Workload) -> MemoryEstimate:
         return estimate(w, gpu_memory_bytes, spec=spec, find_max_batch=find_max_batch)
