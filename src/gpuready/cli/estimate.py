@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from gpuready.catalog.cards import GpuMemory
     from gpuready.memory.mitigations import Mitigation
     from gpuready.memory.result import MemoryEstimate
+    from gpuready.workload.validate import CheckedWorkload
 
 COLORS = {
     "weights": "blue",
@@ -104,18 +105,11 @@ def estimate_cmd(
         data = result.to_json()
         if capacity is not None:
             data["mitigations"] = [m.to_json() for m in fixes]
-        if gpu_name:
-            data["gpu"] = gpu_name
-        if job.source is not None:
-            data["workload_file"] = job.source.to_json()
-        print_json(data)
+        _print_json(data, gpu_name, job)
     else:
-        from rich.console import Console
-
         from gpuready.workload import describe
 
-        if job.source is not None:
-            render_workload_file(job.source, Console())
+        _render_source(job)
         render(result, describe(workload), gpu_name, fixes)
     return 1 if result.fits is False else 0
 
@@ -146,14 +140,28 @@ def _sweep(
             "points": [{"values": {variable: v}, **_point(r)} for v, r in zip(values, results, strict=True)],
             "assumptions": job.assumptions + list(first.assumptions),
         }
-        if gpu_name:
-            data["gpu"] = gpu_name
-        if job.source is not None:
-            data["workload_file"] = job.source.to_json()
-        print_json(data)
+        _print_json(data, gpu_name, job)
     else:
+        _render_source(job)
         _render_sweep(variable, values, results, describe_job(job.workload, variable, values), gpu_name)
     return 1 if any(r.fits is False for r in results) else 0
+
+
+def _print_json(data: dict[str, Any], gpu_name: str | None, job: CheckedWorkload) -> None:
+    """One estimate's or one sweep's JSON with the keys both add: the GPU named, the workload file read."""
+    if gpu_name:
+        data["gpu"] = gpu_name
+    if job.source is not None:
+        data["workload_file"] = job.source.to_json()
+    print_json(data)
+
+
+def _render_source(job: CheckedWorkload) -> None:
+    """What a --workload file said and how it was read, before the figures."""
+    if job.source is not None:
+        from rich.console import Console
+
+        render_workload_file(job.source, Console())
 
 
 def _point(r: MemoryEstimate) -> dict[str, Any]:
