@@ -109,3 +109,34 @@ def test_a_sweep_of_another_variable_keeps_the_rest_of_the_job() -> None:
     with pytest.raises(InputError) as err:
         estimate_sweep(base, "hidden_size", [1])
     assert err.value.field == "--sweep"
+
+
+@pytest.mark.parametrize(
+    ("fields", "variable", "word"),
+    [
+        ({"model": "gpt2"}, "image_size", "vision models only"),
+        ({"model": "resnet50"}, "seq", "image_size"),
+        ({"model": "gpt2"}, "new_tokens", "--task infer"),
+        ({"model": "gpt2"}, "lora_r", "--method lora"),
+        ({"model": "gpt2", "task": "infer"}, "grad_accum", "training"),
+    ],
+)
+def test_a_variable_that_does_not_change_the_job_is_refused(fields: dict[str, Any], variable: str, word: str) -> None:
+    from gpuready.memory import estimate_sweep
+
+    with pytest.raises(InputError) as err:
+        estimate_sweep(make_workload(**fields), variable, [1, 2])
+    assert err.value.field == "--sweep" and word in err.value.message
+
+
+def test_each_swept_value_is_read_against_the_model_as_a_flag_is() -> None:
+    from gpuready.memory.sweep import checked_sweep
+
+    # gpt2 learns 1024 positions: a longer sequence is refused as `--seq 4096` is
+    with pytest.raises(InputError) as err:
+        checked_sweep(make_workload(model="gpt2", seq=512), "seq", [512, 4096])
+    assert err.value.field == "--seq"
+    # past a RoPE model's trained context: sized, with the warning the flag would give
+    checked = checked_sweep(make_workload(model="llama-3.2-1b"), "seq", [1024, 200_000])
+    assert not checked[0].warnings and any("trained context" in w for w in checked[1].warnings)
+    assert [c.workload.seq for c in checked] == [1024, 200_000]

@@ -118,7 +118,7 @@ def _sweep(
     model: str | None, text: str, need: GpuMemory | None, trace: bool, json_out: bool, flags: dict[str, Any]
 ) -> int:
     """`--sweep VAR=V1,V2,...`: the estimate at each value, as a table with a bar each (or one JSON document)."""
-    from gpuready.memory.sweep import estimate_sweep
+    from gpuready.memory.sweep import checked_sweep, estimate_sweep
     from gpuready.trial.sweep import parse_sweep
 
     variable, values = parse_sweep(text)
@@ -129,6 +129,12 @@ def _sweep(
     job = build_job(model, flags)
     capacity = need.bytes if need else None
     gpu_name = need.gpu.name if need and need.gpu else None
+    # each value read against the model as a flag would be: refusals exit 2, warnings once each
+    said = list(job.warnings)
+    for checked in checked_sweep(job.workload, variable, values):
+        new = [line for line in checked.warnings if line not in said]
+        warn(new)
+        said += new
     results = estimate_sweep(job.workload, variable, values, capacity, find_max_batch=capacity is not None)
     if json_out:
         first = results[0]

@@ -19,8 +19,9 @@ from collections.abc import Iterable
 from gpuready.errors import InputError
 from gpuready.memory.estimate import estimate, expect_many_batches, fsdp_meta_init
 from gpuready.memory.result import MemoryEstimate
-from gpuready.models import resolve_model
+from gpuready.models import ModelSpec, resolve_model
 from gpuready.workload import Workload, make_workload
+from gpuready.workload.validate import CheckedWorkload, check_workload
 
 # the workload fields a sweep may vary, one at a time (those `trial --sweep` measures: trial/sweep.py)
 SWEEPABLE = ("batch", "seq", "new_tokens", "image_size", "lora_r", "grad_accum")
@@ -95,6 +96,42 @@ def estimate_batches(
     return [r for r in results if r is not None]
 
 
+def _does_not_apply(spec: ModelSpec, workload: Workload, variable: str) -> str | None:
+    """Why sweeping `variable` would not change `workload`'s memory (a flat sweep that reads as a finding), or None."""
+    vision = spec.kind == "vision"
+    if variable == "image_size" and not vision:
+        return "image_size changes vision models only; sweep seq for a language model"
+    if variable == "seq" and vision:
+        return "a vision model takes images: sweep image_size"
+    if variable == "new_tokens" and workload.training:
+        return "new_tokens are generated tokens, for --task infer"
+    if variable == "lora_r" and workload.method == "full":
+        return "lora_r is the adapters' rank, for --method lora or qlora"
+    if variable == "grad_accum" and not workload.training:
+        return "grad_accum is for training"
+    return None
+
+
+def checked_sweep(workload: Workload, variable: str, values: Iterable[int]) -> list[CheckedWorkload]:
+    """`workload` with `variable` set to each of `values`, each read against its model as the flags are
+    (workload/validate.py: InputError for a value the model does not allow, warnings to show). InputError too for a
+    variable that does not change this job."""
+    if variable not in SWEEPABLE:
+        raise InputError("--sweep", f"{variable!r}: one of {', '.join(SWEEPABLE)}")
+    spec = resolve_model(workload.model, workload.as_family)
+    why = _does_not_apply(spec, workload, variable)
+    if why:
+        raise InputError("--sweep", why)
+    order = list(values)
+    if variable == "batch":
+        for b in order:
+            if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+                raise InputError("batch", f"a whole number of at least 1, not {b!r}")
+        return [CheckedWorkload(workload.model_copy(update={"batch": b}), spec) for b in order]
+    given = {name: getattr(workload, name) for name in workload.model_fields_set}
+    return [check_workload(make_workload(**{**given, variable: v}), spec) for v in order]
+
+
 def estimate_sweep(
     workload: Workload,
     variable: str,
@@ -105,13 +142,12 @@ def estimate_sweep(
     workers: int | None = None,
 ) -> list[MemoryEstimate]:
     """`estimate()` of `workload` with `variable` set to each of `values`, in order. A batch sweep goes through
-    estimate_batches (one program template, threads); any other variable is a new job per value, each checked as
-    the flags are (InputError naming the field for a value the job does not allow)."""
-    if variable not in SWEEPABLE:
-        raise InputError("--sweep", f"{variable!r}: one of {', '.join(SWEEPABLE)}")
+    estimate_batches (one program template, threads); any other variable is a new job per value, each read against
+    its model as the flags are (checked_sweep: InputError for a value the job does not allow, or a variable that
+    does not change the job)."""
+    order = list(values)
+    jobs = checked_sweep(workload, variable, order)
     if variable == "batch":
-        return estimate_batches(workload, values, gpu_memory_bytes, find_max_batch=find_max_batch, workers=workers)
-    given = {name: getattr(workload, name) for name in workload.model_fields_set}
-    jobs = [make_workload(**{**given, variable: v}) for v in values]
-    spec = resolve_model(workload.model, workload.as_family)
-    return [estimate(w, gpu_memory_bytes, spec=spec, find_max_batch=find_max_batch) for w in jobs]
+        return estimate_batches(workload, order, gpu_memory_bytes, find_max_batch=find_max_batch, workers=workers)
+    spec = jobs[0].spec if jobs else resolve_model(workload.model, workload.as_family)
+    return [estimate(j.workload, gpu_memory_bytes, spec=spec, find_max_batch=find_max_batch) for j in jobs]
