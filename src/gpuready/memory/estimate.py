@@ -425,6 +425,13 @@ def assumptions(
             "fp32 (measured: docs/calibration/h200_heldout19_a.jsonl, h200_heldout22_a.jsonl); vision models sized "
             "as without it"
         )
+    elif w.training and w.precision in ("bf16", "fp16") and spec.kind == "lm":
+        out.append(
+            f"{w.precision} weights with no autocast (a plain training loop, torchtune); the HF Trainer's "
+            f"{w.precision}=True (axolotl, LLaMA-Factory, TRL) runs autocast over them: give --autocast for it "
+            "(measured as plain bf16: LoRA and QLoRA without checkpointing 16-24% over, GPT-2 15% under; "
+            "docs/calibration/h200_heldout19_a.jsonl)"
+        )
     if w.training:
         out.append(f"optimizer {w.optim} with PyTorch's default implementation (foreach on CUDA)")
     if w.shard == "fsdp":
