@@ -38,6 +38,15 @@ def default_workers() -> int:
     return max(1, min(MAX_WORKERS, cores))
 
 
+def _batches(batches: Iterable[int]) -> list[int]:
+    """The batches as a list; InputError naming `batch` for one that is not a whole number of at least 1."""
+    order = list(batches)
+    for b in order:
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+            raise InputError("batch", f"a whole number of at least 1, not {b!r}")
+    return order
+
+
 def estimate_batches(
     workload: Workload,
     batches: Iterable[int],
@@ -49,10 +58,7 @@ def estimate_batches(
     """`estimate(workload at batch b, gpu_memory_bytes, find_max_batch=...)` for each b of `batches`, in order.
 
     `workers`: threads for the batches after the first two (default: the cores available, at most 8)."""
-    order = list(batches)
-    for b in order:
-        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-            raise InputError("batch", f"a whole number of at least 1, not {b!r}")
+    order = _batches(batches)
     if workers is not None and workers < 1:
         raise InputError("workers", f"at least 1, not {workers!r}")
     spec = resolve_model(workload.model, workload.as_family)
@@ -124,10 +130,7 @@ def checked_sweep(workload: Workload, variable: str, values: Iterable[int]) -> l
         raise InputError("--sweep", why)
     order = list(values)
     if variable == "batch":
-        for b in order:
-            if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-                raise InputError("batch", f"a whole number of at least 1, not {b!r}")
-        return [CheckedWorkload(workload.model_copy(update={"batch": b}), spec) for b in order]
+        return [CheckedWorkload(workload.model_copy(update={"batch": b}), spec) for b in _batches(order)]
     given = {name: getattr(workload, name) for name in workload.model_fields_set}
     return [check_workload(make_workload(**{**given, variable: v}), spec) for v in order]
 
