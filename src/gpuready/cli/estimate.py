@@ -130,12 +130,15 @@ def _sweep(
     capacity = need.bytes if need else None
     gpu_name = need.gpu.name if need and need.gpu else None
     # each value read against the model as a flag would be: refusals exit 2, warnings once each
+    checked = checked_sweep(job.workload, variable, values)
     said = list(job.warnings)
-    for checked in checked_sweep(job.workload, variable, values):
-        new = [line for line in checked.warnings if line not in said]
+    for one in checked:
+        new = [line for line in one.warnings if line not in said]
         warn(new)
         said += new
-    results = estimate_sweep(job.workload, variable, values, capacity, find_max_batch=capacity is not None)
+    results = estimate_sweep(
+        job.workload, variable, values, capacity, find_max_batch=capacity is not None, checked=checked
+    )
     if json_out:
         first = results[0]
         data: dict[str, Any] = {

@@ -143,13 +143,15 @@ def estimate_sweep(
     *,
     find_max_batch: bool = False,
     workers: int | None = None,
+    checked: list[CheckedWorkload] | None = None,
 ) -> list[MemoryEstimate]:
     """`estimate()` of `workload` with `variable` set to each of `values`, in order. A batch sweep goes through
     estimate_batches (one program template, threads); any other variable is a new job per value, each read against
     its model as the flags are (checked_sweep: InputError for a value the job does not allow, or a variable that
-    does not change the job)."""
+    does not change the job). `checked`: checked_sweep's answer where the caller already has it (it shows their
+    warnings)."""
     order = list(values)
-    jobs = checked_sweep(workload, variable, order)
+    jobs = checked if checked is not None else checked_sweep(workload, variable, order)
     if variable == "batch":
         return estimate_batches(workload, order, gpu_memory_bytes, find_max_batch=find_max_batch, workers=workers)
     spec = jobs[0].spec if jobs else resolve_model(workload.model, workload.as_family)

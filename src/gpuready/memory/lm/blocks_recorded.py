@@ -188,6 +188,13 @@ def plain_block_forward(
         save_handle(handle)
         names[name] = last_kept()
 
+    def done_with(handle: int, name: str) -> None:
+        """A projection's input the layer has used: kept as a 16-bit adapter's input, else freed."""
+        if lora16:
+            keep_input(handle, name)
+        else:
+            prog.free(handle)
+
     def project_autocast(name: str, width: int, out: int, base: int, stop: bool) -> int:
         """peft's lora.Linear.forward under autocast over 16-bit weights, as the recorded history
         ac_llama1b_lora_b4 shows it: x cast to the adapter's fp32 (peft), then back to 16 bits by autocast for
@@ -281,10 +288,8 @@ def plain_block_forward(
         save(T * a * 4)  # log-sum-exp, fp32
         names.update(q_rot=q_new, k_rot=k_new, v=v_out, lse=last_kept())
         o_out = project("o_proj", q_w, h)
-    if normed and lora16:
-        keep_input(normed, "in.out")
-    elif normed:
-        prog.free(normed)
+    if normed:
+        done_with(normed, "in.out")
     if gemma:
         o_out = gemma_norm(o_out)  # post-attention norm on the attention output
     # residual + attention output; in fp32 the next norm's pow keeps it (no copy to fp32 is made)
@@ -315,22 +320,14 @@ def plain_block_forward(
     down_out = project("down_proj", width, h, stop=stop_early)
     if stop_early:
         # the frames unwind: the MLP product, the norm's output, the mid-layer residual
-        if lora16:  # kept by down_proj's and gate/up's lora_A
-            keep_input(prod, "prod")
-            keep_input(normed, "post.out")
-        else:
-            prog.free(prod)
-            prog.free(normed)
+        done_with(prod, "prod")  # (with 16-bit adapters kept by down_proj's and gate/up's lora_A)
+        done_with(normed, "post.out")
         prog.free(resid)
         return layer_.finish()
-    if prod and lora16:
-        keep_input(prod, "prod")
-    elif prod:
-        prog.free(prod)
-    if normed and lora16:
-        keep_input(normed, "post.out")
-    elif normed:
-        prog.free(normed)
+    if prod:
+        done_with(prod, "prod")
+    if normed:
+        done_with(normed, "post.out")
     if gemma:
         down_out = gemma_norm(down_out)  # post-feedforward norm
     out = alloc(T * h * r)  # the layer's output, residual + MLP output

@@ -53,6 +53,19 @@ def norm_forward(prog: Program, tokens: int, width: int, grad: bool = True) -> t
     return rs, out
 
 
+def base_output(prog: Program, tokens: int, width_in: int, out: int, fp32_in: bool) -> int:
+    """A 4-bit linear's output: its fp32 input cast to bf16 (a temporary), the weight dequantized around the bf16
+    matmul (nf4.py), the output cast back to fp32; with a bf16 input (o_proj's), the bf16 output as it is."""
+    cast = prog.alloc("activations", tokens * width_in * 2) if fp32_in else 0
+    o16 = nf4.forward_output(prog, width_in * out, 2, tokens * out * 2)
+    if not fp32_in:
+        return o16
+    o32 = prog.alloc("activations", tokens * out * 4)
+    prog.free(o16)
+    prog.free(cast)
+    return o32
+
+
 def norm_backward(
     prog: Program, tokens: int, width: int, g: int, x: int, rs: int, into: bool, also: list[int] | None = None
 ) -> int:
@@ -112,23 +125,11 @@ def block_forward(
             named[key + ".rs"], named[key + ".x32"] = rs, src
         return out
 
-    def base(width_in: int, out: int, fp32_in: bool) -> int:
-        """The 4-bit linear: its input cast to bf16 (a temporary) and its output back to fp32 when the input is
-        fp32; dequantized around the matmul (nf4.py)."""
-        cast = alloc(T * width_in * 2) if fp32_in else 0
-        o16 = nf4.forward_output(prog, width_in * out, 2, T * out * 2)
-        if not fp32_in:
-            return o16
-        o32 = alloc(T * out * 4)
-        free(o16)
-        free(cast)
-        return o32
-
     def project(name: str, width_in: int, out: int, fp32_in: bool = True, stop: bool = False) -> int:
         """An adapted 4-bit linear: the base output, then peft's branch under autocast (its fp32 adapters' bf16
         copies and the input's, kept; the update in bf16), the sum in the base output's dtype. With `stop`, 0 once
         lora_B's weight copy is made."""
-        b = base(width_in, out, fp32_in)
+        b = base_output(prog, T, width_in, out, fp32_in)
         x32 = 0 if fp32_in else alloc(T * width_in * 4)  # peft's cast of a bf16 input to the adapters' fp32
         save(rank * width_in * 2)  # autocast's bf16 copy of lora_A's weight
         named[name + ".wa"] = last()
@@ -206,14 +207,7 @@ def block_first_pass(prog: Program, ctx: Ctx, x: int, cached: list[int]) -> int:
         return prog.alloc("activations", nbytes)
 
     def project(width_in: int, out: int, fp32_in: bool = True) -> int:
-        if fp32_in:
-            cast = alloc(T * width_in * 2)
-            o16 = nf4.forward_output(prog, width_in * out, 2, T * out * 2)
-            b = alloc(T * out * 4)
-            free(o16)
-            free(cast)
-        else:
-            b = nf4.forward_output(prog, width_in * out, 2, T * out * 2)
+        b = base_output(prog, T, width_in, out, fp32_in)
         x32 = 0 if fp32_in else alloc(T * width_in * 4)
         cached.append(alloc(rank * width_in * 2))
         x16 = alloc(T * width_in * 2)
