@@ -5,8 +5,8 @@ quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="n
 bnb_4bit_compute_dtype=<the job's dtype>))`, then peft's LoRA adapters. Every nn.Linear (and GPT-2's Conv1D) but the
 output head becomes bitsandbytes' Linear4bit, as transformers' `replace_with_bnb_linear` does; the embeddings, norms
 and an MoE layer's fused expert parameters (3-D nn.Parameters, not modules) stay in the compute dtype. peft's
-`prepare_model_for_kbit_training` (which casts those to fp32) is not applied, as the estimator does not model it
-(its assumptions say so).
+`prepare_model_for_kbit_training` (which casts those to fp32) is applied by the probe only for `--kbit-prep`
+(trial/probe.py `_apply_lora`).
 
 From a config there is no checkpoint to load, so `build_from_config` makes the same model the way from_pretrained
 fills it: the modules are made without storage (accelerate's `init_empty_weights`, buffers real), the linear layers
