@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpuready.memory.allocator import replay
-from gpuready.memory.fit import Fit, fit_margin_bytes, judge, release_margin_bytes, replay_under_limit
+from gpuready.memory.fit import Fit, Replayable, fit_margin_bytes, judge, release_margin_bytes, replay_under_limit
 from gpuready.units import MIB
 
 # 60 MiB allocated and freed, then 50 and 30 MiB; the cached 60 MiB segment serves the 50 (split), the 30 needs a
@@ -70,7 +70,7 @@ def test_fits_exactly_when_headroom_is_not_negative() -> None:
             unlimited_reserved=130 * MIB,
             peak_allocated=70 * MIB,
             extra_reserved=0,
-            events=lambda: (events, None),
+            events=lambda: Replayable(events),
         )
         assert isinstance(fit, Fit)
         assert fit.fits is (fit.headroom_bytes >= 0), card

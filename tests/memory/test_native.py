@@ -219,3 +219,146 @@ def test_empty_cache_gives_wholly_free_segments_back_in_every_replay(cache: Path
         assert emptied.releases == 0 and emptied.segments == 2  # asked for, not forced by a limit
     # under a limit the emptied cache leaves room: 46 MiB fits a 48 MiB limit with no forced release
     assert replay(events, 48 * MIB) == _replay_one_stream(events, 48 * MIB) == replay_reference(events, 48 * MIB)
+
+
+def _stepped(rng: random.Random, steps: int = 3) -> tuple[list[int], list[int]]:
+    """A training-like program: weights loaded, then `steps` steps of one random pattern (the first also makes
+    optimizer-like states kept to the end); a few tensors of each step live into the next (as peft's held input).
+    Returns the events and each step's first event."""
+    events: list[int] = []
+    made = 0
+
+    def alloc(size: int) -> int:
+        nonlocal made
+        events.append(size)
+        made += 1
+        return made
+
+    for _ in range(rng.randint(3, 30)):
+        alloc(rng.choice([rng.randint(1, MIB), rng.randint(MIB + 1, 12 * MIB), rng.choice([24, 64, 130]) * MIB]))
+    pattern: list[tuple[str, int]] = []  # ("a", size) allocates; ("f", k) frees the step's k-th allocation
+    open_: list[int] = []
+    count = 0
+    for _ in range(rng.randint(10, 120)):
+        if open_ and rng.random() < 0.45:
+            pattern.append(("f", open_.pop(rng.randrange(len(open_)))))
+        else:
+            size = rng.choice([rng.randint(1, MIB), rng.randint(MIB + 1, 10 * MIB), rng.choice([16, 40, 86]) * MIB])
+            pattern.append(("a", size))
+            open_.append(count)
+            count += 1
+    held = open_[: rng.randint(0, min(2, len(open_)))]  # live into the next step, freed at its start
+    for k in open_:
+        if k not in held:
+            pattern.append(("f", k))
+    starts: list[int] = []
+    carried: list[int] = []
+    for step in range(steps):
+        starts.append(len(events))
+        for h in carried:
+            events.append(-h)
+        if step == 0:
+            for _ in range(rng.randint(0, 4)):
+                alloc(rng.choice([rng.randint(1, MIB), 20 * MIB]))  # the states, made in the first step
+        ids: dict[int, int] = {}
+        for op, x in pattern:
+            if op == "a":
+                ids[len(ids)] = alloc(x)
+            else:
+                events.append(-ids[x])
+        carried = [ids[k] for k in held]
+    return events, starts
+
+
+def _stats(fn: native.NativeReplay, events: list[int], cap: int | None, repeat: tuple[int, int] | None) -> Any:
+    rc, out = fn(events, -1 if cap is None else cap, repeat)
+    return rc, out[:9], out[10]
+
+
+def test_a_repeated_last_step_is_left_out_only_where_it_changes_nothing(cache: Path) -> None:
+    fn = _compiled(cache)
+    rng = random.Random(11)
+    left_out = checked = 0
+    for _ in range(300):
+        events, starts = _stepped(rng)
+        repeat = (starts[1], starts[2])
+        if starts[2] - starts[1] != len(events) - starts[2]:
+            continue  # (the first step's states make it longer; the last two are always the same length)
+        peak = _replay_one_stream(events, None).peak_reserved_bytes
+        for cap in (None, peak // 2, peak * 3 // 4, peak * 9 // 10, peak - MIB, peak):
+            rc, stats, skipped = _stats(fn, events, cap, repeat)
+            rc0, plain, none = _stats(fn, events, cap, None)
+            assert (rc, stats) == (rc0, plain) and none == 0
+            assert (
+                replay(events, cap, repeat=repeat) == _replay_one_stream(events, cap) == replay_reference(events, cap)
+            )
+            checked += 1
+            left_out += skipped > 0
+            assert skipped in (0, len(events) - starts[2])
+    assert checked > 1000 and left_out > checked // 4  # the check does let the common case through
+
+
+def test_a_wrong_repeat_hint_changes_no_figure(cache: Path) -> None:
+    _compiled(cache)
+    rng = random.Random(5)
+    tried = 0
+    for _ in range(200):
+        events, starts = _stepped(rng)
+        a, b = starts[1], starts[2]
+        if b - a != len(events) - b:
+            continue
+        bad = list(events)
+        k = b + rng.randrange(len(events) - b)
+        if bad[k] > 0:
+            bad[k] += rng.choice([512, MIB, -min(bad[k] - 1, 512)])  # a size that differs, or rounds the same
+        else:
+            bad[k] = -rng.randint(1, sum(e > 0 for e in bad[:k]))  # another id freed (it may be freed twice)
+        for evs, hint in ((bad, (a, b)), (events, (a - 1, b)), (events, (0, len(events) // 2)), (events, (b, a))):
+            for cap in (None, _replay_one_stream(events, None).peak_reserved_bytes * 3 // 4):
+                try:
+                    want = _replay_one_stream(evs, cap)
+                except ValueError as exc:
+                    with pytest.raises(ValueError, match=str(exc).split(":")[0]):
+                        replay(evs, cap, repeat=hint)
+                    continue
+                assert replay(evs, cap, repeat=hint) == want
+                tried += 1
+    assert tried > 300
+
+
+def test_a_program_marks_its_steps_and_the_hint_is_used_by_estimate(cache: Path) -> None:
+    fn = _compiled(cache)
+    from gpuready.memory.estimate import _build
+    from gpuready.models import resolve_model
+    from gpuready.workload import make_workload
+
+    w = make_workload(model="qwen2.5-0.5b", method="lora", grad_ckpt=True, seq=512, batch=2)
+    prog = _build(resolve_model(w.model), w)
+    assert len(prog.step_starts) == 3
+    repeat = prog.repeat_span()
+    assert repeat is not None and repeat[1] == prog.step_starts[2]
+    events = list(prog.events)
+    rc, _, skipped = _stats(fn, events, None, repeat)
+    assert rc == 0 and skipped == len(events) - repeat[1]  # this job's last step repeats the one before it
+    assert replay(events, None, repeat=repeat) == replay_reference(events, None)
+    infer = _build(resolve_model("gpt2"), make_workload(model="gpt2", task="infer", new_tokens=4, seq=64))
+    assert infer.step_starts == [] and infer.repeat_span() is None
+
+
+def test_the_compiled_replay_under_sanitizers(tmp_path: Path) -> None:
+    """tests/memory/replay_fuzz.c with AddressSanitizer and UBSan: random programs, and stepped ones with right,
+    damaged and arbitrary repeat hints, with and without limits (the driver's comment runs it longer)."""
+    cc = native._compiler()
+    if cc is None:
+        pytest.skip("no C compiler on this machine")
+    exe = tmp_path / "replay_fuzz"
+    here = Path(__file__).with_name("replay_fuzz.c")
+    flags = ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
+    built = subprocess.run(
+        [cc, *flags, "-o", str(exe), str(here), str(native.SOURCE)], capture_output=True, timeout=120
+    )
+    if built.returncode != 0:
+        pytest.skip(f"this compiler cannot build with the sanitizers: {built.stderr.decode()[-200:]}")
+    done = subprocess.run([str(exe), "300", "300"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "differing from the plain replay 0" in done.stdout

@@ -28,6 +28,7 @@ enum { OK = 0, ERR_TWICE = 1, ERR_ID = 2, ERR_NOMEM = 3 };
 typedef struct {
     int64_t addr, size;
     int32_t prev, next; /* neighbours in the segment, -1 for none */
+    int32_t handle;     /* the allocation id it holds while allocated */
     int8_t allocated, small;
 } Block;
 
@@ -258,10 +259,95 @@ static int release_cached(Pool *pools, Blocks *bs, int32_t *heads, int64_t *nhea
     return 1;
 }
 
+/* A repeated span (gr_replay's rep_from, rep_at): the events from rep_at to the end claim to be those from rep_from
+ * to rep_at again, with each allocation id of the first span renamed. When the allocator's state at rep_at is the state
+ * at rep_from with its live allocations renamed (the same segments in the same order, the same blocks at the same
+ * addresses and sizes, allocated or free alike), no segment was made between the two (so none was released), and
+ * the second span is the first with its ids renamed accordingly (an id made in the first span to the id made at the
+ * same place in the second; an id live at rep_from to the id in the same block at rep_at), the second span makes
+ * every decision the first made, on blocks at the same places: the peaks cannot rise in it (the same totals run
+ * again from the same start), and it ends in the state it began in, renamed. The replay then stops at rep_at with
+ * the figures that span would leave. Anything else replays the second span as usual. */
+typedef struct {
+    int64_t *addr, *size; /* the blocks at rep_from, segment by segment in `heads` order */
+    int32_t *handle;      /* the id each held (0: free) */
+    int64_t n, cap;
+    int64_t nheads, nhandle, made;
+} Snapshot;
+
+static int snapshot_take(Snapshot *s, const Blocks *bs, const int32_t *heads, int64_t nheads, int64_t nhandle,
+                         int64_t made) {
+    int64_t k, c1, c2;
+    s->n = 0;
+    for (k = 0; k < nheads; k++) {
+        int32_t b;
+        for (b = heads[k]; b >= 0; b = bs->b[b].next) {
+            if (s->n + 1 > s->cap) {
+                c1 = c2 = s->cap;
+                if (!grow((void **)&s->addr, &c1, s->n + 1, sizeof(int64_t))) return 0;
+                if (!grow((void **)&s->size, &c2, s->n + 1, sizeof(int64_t))) return 0;
+                if (!grow((void **)&s->handle, &s->cap, s->n + 1, sizeof(int32_t))) return 0;
+            }
+            const Block *x = &bs->b[b];
+            s->addr[s->n] = x->addr;
+            s->size[s->n] = x->size;
+            s->handle[s->n] = x->allocated ? x->handle : 0;
+            s->n++;
+        }
+    }
+    s->nheads = nheads;
+    s->nhandle = nhandle;
+    s->made = made;
+    return 1;
+}
+
+/* 1 when the state now is the snapshot's renamed and ev[at:at+len] is ev[from:from+len] renamed (see above); -1 out
+ * of host memory */
+static int repeats(const Snapshot *s, const Blocks *bs, const int32_t *heads, int64_t nheads, int64_t nhandle,
+                   int64_t made, const int64_t *ev, int64_t from, int64_t at, int64_t len) {
+    int64_t k, j = 0, d = nhandle - s->nhandle;
+    if (made != s->made || nheads != s->nheads) return 0;
+    int32_t *rename = calloc((size_t)(s->nhandle > 0 ? s->nhandle : 1), sizeof(int32_t)); /* id at from -> id at at */
+    if (!rename) return -1;
+    int ok = 1;
+    for (k = 0; k < nheads && ok; k++) {
+        int32_t b;
+        for (b = heads[k]; b >= 0; b = bs->b[b].next, j++) {
+            const Block *x = &bs->b[b];
+            if (j >= s->n) {
+                ok = 0;
+                break;
+            }
+            int32_t was = s->handle[j];
+            if (x->addr != s->addr[j] || x->size != s->size[j] || x->allocated != (was != 0)) {
+                ok = 0;
+                break;
+            }
+            if (was) rename[was] = x->handle;
+        }
+    }
+    if (j != s->n) ok = 0;
+    for (k = 0; k < len && ok; k++) {
+        int64_t e1 = ev[from + k], e2 = ev[at + k];
+        if (e1 >= 0) {
+            ok = e2 == e1;
+        } else {
+            int64_t h = -e1;
+            if (h >= s->nhandle)
+                ok = e2 == -(h + d);
+            else
+                ok = rename[h] != 0 && e2 == -(int64_t)rename[h];
+        }
+    }
+    free(rename);
+    return ok;
+}
+
 /* ev: +size allocates (the next id), -id frees, 0 empties the cache. out: peak_allocated, peak_reserved, allocated,
- * reserved, peak_allocated_event, peak_reserved_event, segments, releases, oom_event (-1: none), and on an error the
- * event's index. cap < 0: no limit. */
-int gr_replay(const int64_t *ev, int64_t n, int64_t cap, int64_t *out) {
+ * reserved, peak_allocated_event, peak_reserved_event, segments, releases, oom_event (-1: none), on an error the
+ * event's index (else n), and the events a repeated span let it leave out. cap < 0: no limit. rep_from <= rep_at with rep_at - rep_from == n - rep_at: the events from rep_at
+ * may repeat those from rep_from (the Snapshot above); rep_from < 0: no such hint. */
+int gr_replay(const int64_t *ev, int64_t n, int64_t cap, int64_t rep_from, int64_t rep_at, int64_t *out) {
     Pool pools[2]; /* 0: large, 1: small */
     memset(pools, 0, sizeof pools);
     Blocks bs = {0};
@@ -270,13 +356,26 @@ int gr_replay(const int64_t *ev, int64_t n, int64_t cap, int64_t *out) {
     int32_t *heads = NULL; /* segments' first blocks */
     int64_t nheads = 0, capheads = 0;
     int64_t allocated = 0, reserved = 0, peak_a = 0, peak_r = 0, peak_a_event = -1, peak_r_event = -1;
-    int64_t segments = 0, releases = 0, oom = -1;
+    int64_t segments = 0, releases = 0, oom = -1, made = 0, skipped = 0;
     int64_t next_small = SMALL_BASE, next_large = SMALL_BASE;
     int rc = OK;
     int64_t i;
+    Snapshot snap = {0};
+    if (rep_from < 0 || rep_from >= rep_at || rep_at - rep_from != n - rep_at) rep_from = rep_at = -1;
     if (!grow((void **)&handle, &caphandle, 1024, sizeof(int32_t))) return ERR_NOMEM;
     handle[0] = -1;
     for (i = 0; i < n; i++) {
+        if (i == rep_from) {
+            if (!snapshot_take(&snap, &bs, heads, nheads, nhandle, made)) { rc = ERR_NOMEM; goto done; }
+        } else if (i == rep_at) {
+            int same = repeats(&snap, &bs, heads, nheads, nhandle, made, ev, rep_from, rep_at, n - rep_at);
+            if (same < 0) { rc = ERR_NOMEM; goto done; }
+            if (same) {
+                skipped = n - i;
+                i = n; /* the rest runs as the span before it ran: no new peak, and it ends as it began */
+                break;
+            }
+        }
         int64_t e = ev[i];
         if (e > 0) {
             int64_t size = (e + MIN_BLOCK - 1) / MIN_BLOCK * MIN_BLOCK;
@@ -322,6 +421,7 @@ int gr_replay(const int64_t *ev, int64_t n, int64_t cap, int64_t *out) {
                 if (!grow((void **)&heads, &capheads, nheads + 1, sizeof(int32_t))) { rc = ERR_NOMEM; goto done; }
                 heads[nheads++] = blk;
                 segments++;
+                made++;
                 reserved += seg;
                 if (reserved > peak_r) {
                     peak_r = reserved;
@@ -350,6 +450,7 @@ int gr_replay(const int64_t *ev, int64_t n, int64_t cap, int64_t *out) {
                 }
             }
             b->allocated = 1;
+            b->handle = (int32_t)nhandle;
             if (!grow((void **)&handle, &caphandle, nhandle + 1, sizeof(int32_t))) { rc = ERR_NOMEM; goto done; }
             handle[nhandle++] = blk;
             allocated += b->size;
@@ -404,12 +505,16 @@ done:
     out[7] = releases;
     out[8] = oom;
     out[9] = i;
+    out[10] = skipped;
     pool_free(&pools[0]);
     pool_free(&pools[1]);
     free(bs.b);
     free(bs.spare);
     free(handle);
     free(heads);
+    free(snap.addr);
+    free(snap.size);
+    free(snap.handle);
     return rc;
 }
 

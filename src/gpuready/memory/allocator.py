@@ -259,7 +259,10 @@ class CachingAllocator:
 
 
 def replay(
-    events: Iterable[int], capacity_bytes: int | None = None, streams: list[int] | None = None
+    events: Iterable[int],
+    capacity_bytes: int | None = None,
+    streams: list[int] | None = None,
+    repeat: tuple[int, int] | None = None,
 ) -> AllocatorStats:
     """Replay a trace: a positive number allocates that many bytes and gets the next id (1, 2, ...);
     a negative number `-k` frees the allocation with id `k`; 0 is torch.cuda.empty_cache() (every wholly free
@@ -274,19 +277,27 @@ def replay(
     one starting where it ends: segments are never adjacent, so these are its neighbours in its segment).
     Events on several streams take replay_reference. benchmarks/replay_check.py checks the two agree. Where
     memory/native.py can build it, the compiled loop (memory/_replay.c) runs instead of the Python one: the same
-    results (tests/memory/test_native.py)."""
+    results (tests/memory/test_native.py).
+
+    `repeat` = (start, at): a hint that the events from `at` to the end are those from `start` to `at` again (a
+    program's last two optimizer steps, Program.repeat_span). The compiled loop checks it at `at` and, where the
+    allocator's state and the events there are the same up to the allocation ids, stops: the span would run as the
+    one before it ran, so it changes no figure (_replay.c gives the argument). A wrong hint costs only the check;
+    the figures are the same with it or without it, and the Python loops ignore it."""
     if streams is not None:
         return replay_reference(events, capacity_bytes, streams)
     native = replay_function()
     if native is not None:
-        return _replay_native(native, events, capacity_bytes)
+        return _replay_native(native, events, capacity_bytes, repeat)
     return _replay_one_stream(events, capacity_bytes)
 
 
-def _replay_native(native: NativeReplay, events: Iterable[int], capacity_bytes: int | None) -> AllocatorStats:
+def _replay_native(
+    native: NativeReplay, events: Iterable[int], capacity_bytes: int | None, repeat: tuple[int, int] | None = None
+) -> AllocatorStats:
     """`_replay_one_stream` compiled (memory/_replay.c, through memory/native.py): the same stats."""
     evs = events if isinstance(events, (list, tuple, array)) else list(events)
-    rc, out = native(evs, -1 if capacity_bytes is None else capacity_bytes)
+    rc, out = native(evs, -1 if capacity_bytes is None else capacity_bytes, repeat)
     if rc:
         if rc == 3:
             raise MemoryError(ERRORS[rc])

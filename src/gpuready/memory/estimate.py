@@ -8,7 +8,6 @@ gives peak allocated, its phase and breakdown; a replay through the caching-allo
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from gpuready.errors import InputError
@@ -18,6 +17,7 @@ from gpuready.memory.fit import (
     MAX_BATCH_RULE,
     RULE,
     Fit,
+    Replayable,
     allocator_limit,
     fit_margin_bytes,
     judge,
@@ -59,7 +59,7 @@ def _run(spec: ModelSpec, w: Workload, meta_init: bool = False) -> _Run:
         # Nothing is released on an unlimited device, so the sum of the final reserves is the peak.
         replayed = sum(replay(events).peak_reserved_bytes for events in prog.split_streams())
     else:
-        replayed = replay(prog.replay_events()).peak_reserved_bytes
+        replayed = replay(prog.replay_events(), repeat=prog.repeat_span()).peak_reserved_bytes
     reserved = max(replayed, prog.peak_allocated + prog.cached_outside_bytes, prog.peak_allocated)
     phase = max(prog.phase_peaks, key=lambda p: prog.phase_peaks[p])
     return _Run(
@@ -136,10 +136,12 @@ def _fit(spec: ModelSpec, w: Workload, gpu_memory_bytes: int, meta_init: bool = 
     """The job on a card of `gpu_memory_bytes`, by the one fit rule (memory/fit.py)."""
     run = _core(spec, w, meta_init)
 
-    def events() -> tuple[Sequence[int], list[int] | None]:
+    def events() -> Replayable:
         prog = _program(spec, w, meta_init)
         streams = prog.handle_streams()
-        return (prog.events if streams else prog.replay_events()), streams
+        if streams:
+            return Replayable(prog.events, streams)
+        return Replayable(prog.replay_events(), None, prog.repeat_span())
 
     return judge(
         gpu_memory_bytes,

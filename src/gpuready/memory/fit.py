@@ -18,8 +18,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from gpuready.memory.allocator import replay
+
+
+class Replayable(NamedTuple):
+    """A job's allocation events as the replay takes them: their CUDA streams (None: all on one) and the hint that
+    the last span repeats the one before it (Program.repeat_span; None: no hint)."""
+
+    events: Sequence[int]
+    streams: list[int] | None = None
+    repeat: tuple[int, int] | None = None
+
 
 # Kept free below the limit where a measurement showed the replay under the limit alone promising a batch that
 # failed, by the kind of job, checked on the 84 emulated-card cases of docs/max_batch.md (34 held out: sets 8-14);
@@ -140,7 +151,7 @@ def judge(
     unlimited_reserved: int,
     peak_allocated: int,
     extra_reserved: int,
-    events: Callable[[], tuple[Sequence[int], list[int] | None]],
+    events: Callable[[], Replayable],
 ) -> Fit:
     """The job on a card of `gpu_memory_bytes`, for both modes. `events` gives the allocation events and their
     streams, asked for only when the unlimited peaks do not decide (building them again can cost a second)."""
@@ -149,13 +160,14 @@ def judge(
     on_release = release_margin_bytes(kind, largest_request)
     inner = limit - margin
     easy = unlimited_reserved <= inner or peak_allocated > inner - on_release
-    evs, streams = ((), None) if easy else events()
+    evs = Replayable(()) if easy else events()
     fits, reserved, releases = replay_under_limit(
-        evs,
+        evs.events,
         inner,
         unlimited_reserved=unlimited_reserved,
         peak_allocated=peak_allocated,
-        streams=streams,
+        streams=evs.streams,
+        repeat=evs.repeat,
         extra_reserved=extra_reserved,
         margin_bytes=on_release,
     )
@@ -173,6 +185,7 @@ def replay_under_limit(
     streams: list[int] | None = None,
     extra_reserved: int = 0,
     margin_bytes: int = 0,
+    repeat: tuple[int, int] | None = None,
 ) -> tuple[bool, int, int]:
     """(fits, peak reserve, releases) of `events` under `limit_bytes` (the card less the device overhead and the
     kind's margin).
@@ -194,9 +207,9 @@ def replay_under_limit(
         return True, min(limit_bytes, unlimited_reserved + extra_reserved), 0
     if peak_allocated > inner:
         return failed
-    if unlimited_reserved > limit_bytes and replay(events, limit_bytes, streams).oom_event is not None:
+    if unlimited_reserved > limit_bytes and replay(events, limit_bytes, streams, repeat).oom_event is not None:
         return failed
-    stats = replay(events, inner, streams)
+    stats = replay(events, inner, streams, repeat)
     if stats.oom_event is not None:
         return False, unlimited_reserved + extra_reserved, stats.releases
     return True, stats.peak_reserved_bytes, stats.releases

@@ -20,11 +20,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("_replay.c")
-STATS = 10  # int64 figures gr_replay writes (see _replay.c)
+STATS = 11  # int64 figures gr_replay writes (see _replay.c)
 _ZERO = (0,)  # array("q", _ZERO) * n: n zeros (array("q", bytes(8 * n)) takes ~100x as long for large n)
 ERRORS = {1: "freed twice", 2: "freed before it was allocated", 3: "the replay ran out of host memory"}
 
-NativeReplay = Callable[[Sequence[int], int], tuple[int, list[int]]]
+NativeReplay = Callable[[Sequence[int], int, tuple[int, int] | None], tuple[int, list[int]]]
 
 _lock = threading.Lock()
 _loaded: list[NativeReplay | None] = []  # [] until tried, then [function or None]
@@ -139,7 +139,7 @@ def _load(path: Path) -> NativeReplay:
     lib = ctypes.CDLL(str(path))
     fn = lib.gr_replay
     fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     inst = lib.gr_instantiate
     inst.restype = ctypes.c_int
     p, n = ctypes.c_void_p, ctypes.c_int64
@@ -149,10 +149,11 @@ def _load(path: Path) -> NativeReplay:
     live.argtypes = [p, n, p, p, n, p]
     _lib[:] = [lib]
 
-    def run(events: Sequence[int], capacity_bytes: int) -> tuple[int, list[int]]:
+    def run(events: Sequence[int], capacity_bytes: int, repeat: tuple[int, int] | None = None) -> tuple[int, list[int]]:
         evs = events if isinstance(events, array) and events.typecode == "q" else array("q", events)
         out = array("q", _ZERO) * STATS
-        rc = fn(_addr(evs), len(evs), capacity_bytes, _addr(out))
+        rep_from, rep_at = repeat if repeat is not None else (-1, -1)
+        rc = fn(_addr(evs), len(evs), capacity_bytes, rep_from, rep_at, _addr(out))
         return rc, out.tolist()
 
     return run

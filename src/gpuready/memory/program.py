@@ -76,6 +76,7 @@ class Program:
     # a cached segment the replay does not see but that is held at the peak (cuDNN's largest workspace)
     cached_outside_bytes: int = 0
     largest_request: int = 0  # the largest single allocation after loading (the fit rule keeps room for one)
+    step_starts: list[int] = field(default_factory=list)  # events before each optimizer step (mark_step)
     # the current phase's peak so far and whether it is "load" (kept by set_phase: alloc runs once per event)
     _phase_peak: int = field(default=-1, init=False, repr=False, compare=False)
     _loading: bool = field(default=True, init=False, repr=False, compare=False)
@@ -108,6 +109,19 @@ class Program:
         self.phase = name
         self._phase_peak = self.phase_peaks.get(name, -1)
         self._loading = name == "load"
+
+    def mark_step(self) -> None:
+        """An optimizer step starts here (training programs): the replay is told that the last step may repeat the
+        one before it (repeat_span)."""
+        self.step_starts.append(len(self.events))
+
+    def repeat_span(self) -> tuple[int, int] | None:
+        """(start, at) of the last two steps when they have as many events and the second ends the program: the
+        replay's hint (allocator.replay's `repeat`; it checks the hint before it uses it). None otherwise."""
+        if len(self.step_starts) < 2:
+            return None
+        start, at = self.step_starts[-2:]
+        return (start, at) if start < at and at - start == len(self.events) - at else None
 
     def alloc(self, category: str, nbytes: int) -> int:
         """Allocate a tensor of `nbytes`; returns its handle (0-byte tensors get handle 0 and take nothing)."""

@@ -177,6 +177,7 @@ class _Recorder:
         self.c: list[int] = [0]
         self.ops: list[int] = []  # +handle allocates it, -handle frees it, 0 empties the cache
         self.phases: list[tuple[int, str]] = [(0, prog.phase)]  # (ops before, phase)
+        self.steps: list[int] = []  # ops before each optimizer step (Program.mark_step)
 
     def alloc(self, category: str, nbytes: Any) -> int:
         n = nbytes if isinstance(nbytes, Batch) else Batch(0, int(nbytes))
@@ -196,6 +197,9 @@ class _Recorder:
 
     def empty_cache(self) -> None:
         self.ops.append(0)  # (written out as event 0 at every batch)
+
+    def mark_step(self) -> None:
+        self.steps.append(len(self.ops))  # (an op is an event at every batch)
 
     def size_of(self, handle: int) -> int:
         if self.a[handle]:
@@ -217,6 +221,7 @@ class Template:
     categories: list[str]
     streams: dict[str, int]
     cached_outside_bytes: int
+    steps: list[int]
 
     @cached_property
     def _arrays(self) -> tuple[array[int], array[int], array[int], array[int], array[int], list[str]]:
@@ -246,6 +251,7 @@ class Template:
             categories=list(self.categories),
             streams=dict(self.streams),
             cached_outside_bytes=self.cached_outside_bytes,
+            step_starts=list(self.steps),
         )
         prog.events = made.events  # (int64 arrays: the replay and the breakdown read them as they are)
         prog._names, prog._arrays["codes"] = self._codes
@@ -267,6 +273,7 @@ class Template:
             categories=list(self.categories),
             streams=dict(self.streams),
             cached_outside_bytes=self.cached_outside_bytes,
+            step_starts=list(self.steps),
         )
         events = prog.events
         append = events.append
@@ -316,6 +323,7 @@ def _recording() -> Iterator[list[_Recorder]]:
         prog.alloc = rec.alloc  # type: ignore[method-assign]
         prog.free = rec.free  # type: ignore[method-assign]
         prog.empty_cache = rec.empty_cache  # type: ignore[method-assign]
+        prog.mark_step = rec.mark_step  # type: ignore[method-assign]
         prog.size_of = rec.size_of  # type: ignore[method-assign]
         prog.set_phase = rec.set_phase  # type: ignore[method-assign]
         made.append(rec)
@@ -340,7 +348,14 @@ def build_template(build: Callable[[Any], Program], workload: Any) -> Template |
             return None
         rec = made[0]
         return Template(
-            rec.a, rec.c, rec.ops, rec.phases, prog.categories, dict(prog.streams), prog.cached_outside_bytes
+            rec.a,
+            rec.c,
+            rec.ops,
+            rec.phases,
+            prog.categories,
+            dict(prog.streams),
+            prog.cached_outside_bytes,
+            list(rec.steps),
         )
     except Exception:  # NotAffine, or a TypeError where a builder used the batch as an int: build per batch
         return None

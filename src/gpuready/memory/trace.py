@@ -30,7 +30,7 @@ from typing import Any
 
 from gpuready.errors import InputError
 from gpuready.memory.allocator import CachingAllocator, round_size
-from gpuready.memory.fit import Fit, judge
+from gpuready.memory.fit import Fit, Replayable, judge
 from gpuready.memory.lm.ops import CUBLAS_WORKSPACE_BYTES
 from gpuready.memory.result import MemoryEstimate
 from gpuready.memory.trace_record import Trace
@@ -224,7 +224,7 @@ def _traced_fit(workload: Workload, traced: _Traced, gpu_memory_bytes: int) -> F
         unlimited_reserved=traced.rep.peak_reserved,
         peak_allocated=traced.rep.peak_allocated,
         extra_reserved=traced.reserved - traced.rep.peak_reserved,
-        events=lambda: (events, None),
+        events=lambda: Replayable(events),
     )
 
 

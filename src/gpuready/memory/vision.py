@@ -515,6 +515,7 @@ def vision_program(spec: ModelSpec, w: Workload) -> Program:
     ddp = DdpBuckets(prog, spec.params * dt.param) if w.shard == "ddp" else None
     ready_order: list[int] = []
     for step in range(3):
+        prog.mark_step()
         prog.set_phase("forward")
         if step == 1 and ddp:
             ddp.rebuild(ready_order)

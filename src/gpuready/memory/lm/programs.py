@@ -96,6 +96,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
 
     def one_step(step: int) -> None:
         nonlocal forward_workspace, backward_workspace, state
+        prog.mark_step()
         grads: list[int] = []
         held: list[int] = []  # (freed at the step's end, below)
         if step == 1 and ddp:
