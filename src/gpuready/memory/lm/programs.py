@@ -113,7 +113,10 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
             recorded_mixed = mixed_ckpt_recorded(ctx)
             neox = neox_recorded(ctx)
             layer_casts = cast_bytes if ckpt_casts else 0
-            casts = prog.alloc("autocast_weight_copies", cast_bytes) if ctx.dt.autocast and not ckpt_casts else 0
+            # (full fine-tuning without checkpointing: each linear's copy is made and freed with its layer,
+            # blocks_train.block_forward's weight_copy)
+            lump = ctx.dt.autocast and not ckpt_casts and not ctx.full
+            casts = prog.alloc("autocast_weight_copies", cast_bytes) if lump else 0
             forward_copies: list[int] = []
             if fsdp:
                 fsdp.gather(root)
