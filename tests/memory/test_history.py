@@ -215,10 +215,7 @@ def test_lora_program_under_the_recorded_cap_fails_or_runs_as_the_gpu_did(name: 
     gpu = replay_capped(doc)
     assert (stats.oom_event is not None) == (gpu.gpu_oom_event is not None)
     if gpu.gpu_oom_event is None:
-        # (llama-3.2-1b mixed: +1.1% since autocast's weight copies are made linear by linear, blocks_train.py;
-        # held-out set 25 measures the same job with no cap)
-        rel = 0.012 if "mixed" in name else 0.01
-        assert stats.peak_reserved_bytes == pytest.approx(gpu.gpu_reserved_bytes, rel=rel)
+        assert stats.peak_reserved_bytes == pytest.approx(gpu.gpu_reserved_bytes, rel=0.01)
 
 
 RECORDED_ORDER = [
@@ -344,5 +341,29 @@ def test_full_fine_tuning_under_autocast_makes_each_weight_copy_with_its_linear(
     assert compute.program_reserved_bytes == pytest.approx(compute.history_reserved_bytes, rel=0.011)
     assert max(compute.program_segments) <= 376 * MIB  # (the lm_head weight's and its gradients' size)
     copies = [h for h, c in enumerate(prog.categories) if c == "autocast_weight_copies"]
-    assert len(copies) == 3 * 32 * 4  # three steps, 32 layers, qkv/o/gate_up/down
+    assert len(copies) == 3 * (32 * 4 + 1)  # three steps, 32 layers' qkv/o/gate_up/down and lm_head
     assert estimate(w).peak_allocated_bytes == pytest.approx(doc["peak_allocated_bytes"], rel=0.001)
+
+
+@pytest.mark.parametrize(
+    ("name", "job"),
+    [
+        ("h25_llama1b_mixed_b3.json.gz", "llama-3.2-1b --batch 3 --seq 2048 --precision mixed"),
+        ("h25_gpt2m_mixed_b16.json.gz", "gpt2-medium --batch 16 --seq 1024 --precision mixed"),
+    ],
+)
+def test_full_fine_tuning_under_autocast_keeps_what_the_gpu_kept(name: str, job: str) -> None:
+    """Held-out set 25 (blind: llama-3.2-1b -3.1%, gpt2-medium -5.0% on the reserve): o_proj keeps attention's bf16
+    output with no cast of its own, lm_head's weight copy lives until its backward, and GPT-2's gelu_new keeps x's
+    fp32 copy (pow is on autocast's fp32 list), not x. The allocated peak within 0.2% of the history's, the reserve
+    within 0.5% of the recorded requests' replay."""
+    from gpuready.memory import estimate
+    from gpuready.memory.lm.programs import train_program
+    from gpuready.models import resolve_model
+    from gpuready.workload import workload_from_args
+
+    doc = load_history(HISTORIES / name)
+    w = workload_from_args(job)
+    compute = compare_program(doc, train_program(resolve_model(w.model), w))[0]
+    assert compute.program_reserved_bytes == pytest.approx(compute.history_reserved_bytes, rel=0.005)
+    assert estimate(w).peak_allocated_bytes == pytest.approx(doc["peak_allocated_bytes"], rel=0.002)

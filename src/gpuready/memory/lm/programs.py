@@ -218,6 +218,10 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 final, x, frozen_out = final_norm_forward(prog, ctx, x)
             else:
                 final = [prog.alloc("activations", T * h * 4)]  # final norm keeps its fp32 input
+                if ctx.full and ctx.dt.autocast:
+                    # lm_head's bf16 weight copy, kept by its matmul until lm_head's backward (h25_llama1b_mixed_b3:
+                    # 501 MiB at the peak, made before the input's cast)
+                    head_cast = prog.alloc("autocast_weight_copies", spec.vocab * h * 2)
                 if ctx.full:
                     final.append(prog.alloc("activations", T * h * e))  # lm_head keeps its input
             if replaced:
