@@ -419,7 +419,9 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 emb = prog.alloc("gradients", spec.vocab * h * ctx.dt.param)
                 if fsdp and not spec.tied:
                     root_grads.append(emb)
-                elif spec.tied and not fsdp and not accumulate and lm_head_grad:
+                elif spec.tied and not fsdp and not accumulate and lm_head_grad and not ctx.dt.autocast:
+                    # (fp32 weights under autocast add it into lm_head's fp32 .grad in place: the recorded histories
+                    # h25_llama1b_mixed_b3 and h26_gemma2_2b_mixed_b2 make the embedding's gradient and free it)
                     total = prog.alloc("gradients", spec.vocab * h * ctx.dt.param)
                     grads.remove(lm_head_grad)
                     prog.free(lm_head_grad)
