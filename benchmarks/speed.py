@@ -191,7 +191,8 @@ def report(trees: list[tuple[str, Path]], runs: int, against: list[str]) -> None
         print(f"| {label} | {' | '.join(cells)} |")
     heavy = {name: heavy_imports(src) for name, src in trees}
     print(f"\nheavy modules imported by `estimate` (python -X importtime): {heavy}")
-    print(f"\n## Library (CPU s, best of {REPEATS}; estimates/s)\n| measure | n | {head} |\n|---|---:|" + "---:|" * len(trees))
+    print(f"\n## Library (CPU s, best of {REPEATS}; estimates/s)")
+    print(f"| measure | n | {head} |\n|---|---:|" + "---:|" * len(trees))
     results = [library_in(src) for _, src in trees]
     for key in results[-1]:
         n = results[-1][key][0]

@@ -44,25 +44,31 @@ def block_forward(
     layer_ = Layer(prog, keep)
     save, tmp, drop = layer_.save, layer_.tmp, layer_.drop
     adapted = layer_lora(ctx, layer)
+    # Gemma's RMSNorm multiplies the fp32 y by (1 + weight) and keeps that y for the weight's gradient (Gemma 3's
+    # too: the recorded history h27_gemma3_1b_bf16_b4, its four norms and its q/k norms; kept in 16 bits before,
+    # gemma-3-1b full bf16 4 x 1024 came out -2.5% allocated)
+    fp32_y = spec.model_type in (*GEMMA_NORMS, "gemma3_text")
 
-    def norm() -> int:
+    def norm(feeds_linear: bool = True) -> int:
         """RMSNorm as LlamaRMSNorm runs it: x.to(fp32) (kept by pow; in fp32 runs the input itself), pow,
         mean, rsqrt (kept), x * rsqrt in fp32, .to(dtype) (kept by weight * y when the weight trains), then
         weight * y. Gemma2RMSNorm keeps the fp32 y instead. LayerNorm keeps its input. Returns the output's
-        handle: kept when the projections that read it keep it, else a temporary dropped after them.
-        Backward of the fp32 norm holds about three fp32 temporaries of the input's size."""
+        handle: kept when the projections that read it keep it, else a temporary dropped after them (always for
+        Gemma's post-attention and post-feedforward norms, `feeds_linear` False: a residual add reads their
+        output, h27_gemma3_1b_bf16_b4). Backward of the fp32 norm holds about three fp32 temporaries of the
+        input's size."""
         if spec.norm == "layer":
             save(T * h * r, T * h * e)
         else:
             y32 = rms_norm_start(layer_, T, h, e)
             if not full:
                 return layer_.temp(rms_norm_frozen(layer_, y32, T, h, r))
-            save(T * h * (4 if spec.model_type in GEMMA_NORMS else r))
+            save(T * h * (4 if fp32_y else r))
             out = tmp(T * h * r) if dt.autocast else 0
             prog.free(y32)
             if out:
                 return out
-        if full and not dt.autocast:
+        if full and not dt.autocast and feeds_linear:
             save(T * h * e)  # the norm output, kept (once) by the projections that read it
             return 0
         return tmp(T * h * r)
@@ -132,7 +138,7 @@ def block_forward(
             # the norms' weights train: Qwen3's `weight * y.to(dtype)` keeps the 16-bit y of q and of k (the recorded
             # history h26_qwen3_06b_mixed_b8: 64 + 32 MiB a layer at 8 x 2048; -3.8% allocated without them),
             # Gemma 3's `y * (1 + weight)` its fp32 y
-            save(T * (q_width + k_width) * (4 if spec.model_type in GEMMA_NORMS else e))
+            save(T * (q_width + k_width) * (4 if fp32_y else e))
     # the projections' q and k outputs live until RoPE has made its own (mul keeps only cos and sin)
     q_out, k_out = tmp(T * q_width * e), tmp(T * k_width * e)
     if normed:
@@ -200,7 +206,7 @@ def block_forward(
         # Gemma 2/3's post-attention norm (pre_feedforward_layernorm is the MLP's norm below, and
         # post_feedforward_layernorm follows the MLP); one, not two: with two the layer kept a fifth norm's input
         # and output (the recorded history h26_gemma2_2b_mixed_b2: +2.4% allocated)
-        extra = norm()
+        extra = norm(feeds_linear=False)
         if extra:
             drop(extra)
     # --- MLP
@@ -278,7 +284,7 @@ def block_forward(
     if spec.model_type == "gpt2" and ctx.w.task == "train":
         save(T * h)
     for _ in range(spec.norms_per_layer - 2 - 1):
-        extra = norm()
+        extra = norm(feeds_linear=False)
         if extra:
             drop(extra)
     down_out = tmp(T * h * e)
