@@ -74,12 +74,13 @@ def block_forward(
         return tmp(T * h * r)
 
     def weight_copy(lin: Linear) -> None:
-        """Full fine-tuning under autocast over fp32 weights: the linear's bf16 copy of its weight, made when it
-        first runs (autocast caches it for the region) and kept by the matmul until its backward (the recorded
+        """Autocast over fp32 weights: the linear's bf16 copy of its weight, made when it first runs (autocast
+        caches it for the region when the weight trains) and kept by the matmul until its backward (the recorded
         H200 history h24_phi3_mixed: each of qkv_proj's, o_proj's, gate_up_proj's and down_proj's copies made
         before its input's cast, freed at its backward; made as one block per step before, phi-3-mini full
-        mixed at 2 x 1024 was sized +6.0% on the reserve, allocated exact)."""
-        if full and dt.autocast and layer_.keep:
+        mixed at 2 x 1024 was sized +6.0% on the reserve, allocated exact). A frozen weight's copy (LoRA) is not
+        cached but the matmul keeps it for its input's gradient all the same (h28_lora_llama1b_mixed_b4)."""
+        if dt.autocast and layer_.keep:
             numel = lin.in_features * lin.out_features * lin.count
             layer_.keep_handle(prog.alloc("autocast_weight_copies", numel * 2))
 
@@ -274,7 +275,9 @@ def block_forward(
             weight_copy(down)
             save(Tm * width * e, 0, (down.in_features * down.out_features * down.count * dt.param,))
         elif down.name in adapted:
-            linear_in(lin, width, False)
+            linear_in(lin, width, False)  # (its weight's copy too)
+        else:
+            weight_copy(down)
     if gelu_product:
         drop(gelu_product)
     if spec.shared_intermediate and layer >= spec.dense_layers:

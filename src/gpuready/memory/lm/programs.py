@@ -113,9 +113,9 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
             recorded_mixed = mixed_ckpt_recorded(ctx)
             neox = neox_recorded(ctx)
             layer_casts = cast_bytes if ckpt_casts else 0
-            # (full fine-tuning without checkpointing: each linear's copy is made and freed with its layer,
-            # blocks_train.block_forward's weight_copy)
-            lump = ctx.dt.autocast and not ckpt_casts and not ctx.full
+            # (without checkpointing each linear's copy is made and freed with its layer, blocks_train's
+            # weight_copy; the recorded LoRA layers run under autocast over 16-bit weights only)
+            lump = ctx.dt.autocast and not ckpt_casts and lora_rec
             casts = prog.alloc("autocast_weight_copies", cast_bytes) if lump else 0
             forward_copies: list[int] = []
             if fsdp:
@@ -218,9 +218,10 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 final, x, frozen_out = final_norm_forward(prog, ctx, x)
             else:
                 final = [prog.alloc("activations", T * h * 4)]  # final norm keeps its fp32 input
-                if ctx.full and ctx.dt.autocast:
+                if ctx.dt.autocast:
                     # lm_head's bf16 weight copy, kept by its matmul until lm_head's backward (h25_llama1b_mixed_b3:
-                    # 501 MiB at the peak, made before the input's cast)
+                    # 501 MiB at the peak, made before the input's cast; frozen under LoRA, its copy is not cached
+                    # but the matmul keeps it all the same for the input's gradient: h28_lora_llama1b_mixed_b4)
                     head_cast = prog.alloc("autocast_weight_copies", spec.vocab * h * 2)
                 if ctx.full:
                     final.append(prog.alloc("activations", T * h * e))  # lm_head keeps its input
