@@ -147,7 +147,7 @@ def test_fsdp_without_a_card_does_not_build_a_405b_model_whole_on_every_gpu() ->
 def test_decoding_any_number_of_new_tokens_costs_a_bounded_replay() -> None:
     import time
 
-    import gpuready.memory.lm.programs as lm
+    import gpuready.memory.lm.infer as lm
 
     # up to DECODE_EXACT new tokens every step is replayed, so short generations keep their numbers ...
     assert lm.decode_lengths(128) == list(range(1, 129))

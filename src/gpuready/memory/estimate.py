@@ -116,7 +116,8 @@ def _build(spec: ModelSpec, w: Workload, meta_init: bool = False) -> Program:
         from gpuready.memory.vision import vision_program
 
         return vision_program(spec, w)
-    from gpuready.memory.lm.programs import infer_program, train_program
+    from gpuready.memory.lm.infer import infer_program
+    from gpuready.memory.lm.programs import train_program
 
     return train_program(spec, w, meta_init=meta_init) if w.training else infer_program(spec, w)
 

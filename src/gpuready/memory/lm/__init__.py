@@ -11,5 +11,5 @@ What each op keeps for backward follows PyTorch autograd's formulas and the mode
 - blocks_recorded.py, blocks_train.py: one decoder layer under autograd; blocks_infer.py: without autograd;
 - loss.py: the final norm, logits and loss, generate()'s sampling;
 - fsdp.py: FSDP2's all-gather and reduce-scatter buffers;
-- programs.py: the whole job: train_program and infer_program.
+- programs.py: the whole training job (train_program); infer.py: inference and generate() (infer_program).
 """

@@ -1,5 +1,5 @@
-"""The whole job as a program of GPU allocations: training steps (train_program) and inference or generate()
-(infer_program).
+"""The whole training job as a program of GPU allocations: the optimizer steps (train_program). Inference and
+generate(): memory/lm/infer.py.
 """
 
 from __future__ import annotations
@@ -8,14 +8,12 @@ from gpuready.memory.ddp import DdpBuckets
 from gpuready.memory.lm import kbit_prep
 from gpuready.memory.lm.autocast_ckpt import mixed_ckpt_layer_backward, mixed_ckpt_recorded
 from gpuready.memory.lm.autograd import Saved, block_backward
-from gpuready.memory.lm.blocks_infer import block_nograd
 from gpuready.memory.lm.blocks_recorded import recorded_layer_order
 from gpuready.memory.lm.blocks_train import block_forward
 from gpuready.memory.lm.context import make_ctx
 from gpuready.memory.lm.fsdp import Fsdp
 from gpuready.memory.lm.lora_recorded import lora_recorded
 from gpuready.memory.lm.loss import (
-    Sampler,
     final_norm_backward_frozen,
     final_norm_forward,
     logits_and_loss_backward,
@@ -32,9 +30,7 @@ from gpuready.memory.lm.memo import (
 from gpuready.memory.lm.neox import NeoxKept, neox_recorded, neox_train_backward, neox_train_forward
 from gpuready.memory.lm.ops import (
     CUBLAS_WORKSPACE_BYTES,
-    eager_mask,
     reduce_buffer_bytes,
-    rms_norm_nograd,
     rotary_tables,
 )
 from gpuready.memory.lm.weights import load_weights
@@ -49,15 +45,6 @@ from gpuready.workload import Workload
 # recorded history lora_llama8b_b1 (llama-3.1-8b LoRA, 1 x 2048) replayed under caps of 36.9-37.4 GiB fails on the
 # third step's fp32 logits, and the program of two steps completed there (tests/memory/test_history.py).
 STEPS = 3
-
-
-# Decode steps replayed one token at a time; the rest of a longer generation is replayed in DECODE_COARSE steps of
-# several tokens each, so any --new-tokens costs at most DECODE_EXACT + DECODE_COARSE steps (docs/estimator.md
-# gives the error against token-by-token replay)
-DECODE_EXACT = 256
-
-
-DECODE_COARSE = 128
 
 
 def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> Program:
@@ -462,89 +449,3 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
 
 def _sum_sizes(prog: Program, handles: list[int]) -> int:
     return sum(prog.size_of(h) for h in handles)
-
-
-def decode_lengths(steps: int) -> list[int]:
-    """Tokens added to the cache by the end of each simulated decode step: every step up to DECODE_EXACT, then
-    DECODE_COARSE evenly spaced lengths ending at `steps` (each such step grows the cache by several tokens)."""
-    if steps <= DECODE_EXACT:
-        return list(range(1, steps + 1))
-    rest = steps - DECODE_EXACT
-    coarse = min(rest, DECODE_COARSE)
-    return list(range(1, DECODE_EXACT + 1)) + [DECODE_EXACT + -(-k * rest // coarse) for k in range(1, coarse + 1)]
-
-
-def infer_program(spec: ModelSpec, w: Workload) -> Program:
-    """generate() (prefill, then one token per step into a DynamicCache grown by torch.cat), or with
-    --new-tokens 0 two plain forward passes with use_cache=True over the prompt."""
-    ctx = make_ctx(spec, w)
-    prog = Program()
-    memo = SpanMemo(prog, ctx)
-    load_weights(prog, ctx)
-    workspace = False
-    h, e, B, S, V = spec.hidden, ctx.dt.act, w.batch, w.seq, spec.vocab
-    kv_tok = spec.kv_bytes_per_token_per_layer_elems * e // 2  # bytes per K (or V), per token, per layer
-
-    def window(tokens: int, layer: int) -> int:
-        # sliding-window layers keep only the window (transformers' DynamicSlidingWindowLayer)
-        if spec.sliding_window and layer < spec.sliding_layers:
-            return min(tokens, spec.sliding_window)
-        return tokens
-
-    for _rep in range(1 if w.new_tokens else 2):
-        prog.set_phase("prefill")
-        # the model's forward keeps `inputs_embeds` referenced for the whole pass
-        embeds = prog.alloc("activations", B * S * h * ctx.dt.resid)
-        x = embeds
-        tables = rotary_tables(prog, ctx, B, S, first_matmul=not workspace)
-        workspace = True
-        mask = eager_mask(prog, ctx, B, S)
-        cache: list[int] = []
-        for layer in range(spec.layers):
-            # a sliding-window layer keeps the whole prompt's K and V through the prefill: transformers'
-            # DynamicSlidingWindowLayer stores `full[:, :, -window + 1:]`, a view that holds the whole tensor until
-            # the first decode step's torch.cat makes a window-sized one (transformers cache_utils.py)
-            x, kv = layer_nograd(memo, ctx, x, layer, cache_kv=True, keep_input=layer == 0)
-            cache.extend(kv)
-        if spec.model_type == "gpt2":
-            normed = prog.alloc("activations", B * S * h * ctx.dt.resid)
-        else:
-            normed = rms_norm_nograd(prog, B * S, h, ctx.dt.resid, gemma=spec.model_type == "gemma3_text")
-        prog.free(x)
-        # the base model returns: its input embeddings, mask and rotary tables go before lm_head runs
-        prog.free(embeds)
-        prog.free(mask)
-        prog.free_all(tables)
-        if w.new_tokens == 0:
-            logits = prog.alloc("logits_and_loss", B * S * V * e)  # every position's logits
-            prog.free(normed)
-            prog.free(logits)
-            prog.free_all(cache)
-            continue
-        sampler = Sampler(prog, B, V, e)
-        sampler.step()  # generate asks for the last position's logits only
-        prog.free(normed)
-        prog.set_phase("decode")
-        decode = make_ctx(spec, w.model_copy(update={"seq": 1}))
-        # every step grows each layer's K and V by one token (torch.cat makes the longer tensor, then the old one
-        # goes): these large-pool allocations drive the allocator, so they are replayed step by step; a step's own
-        # activations (batch x width, mostly small-pool) are simulated on the first and the last step. Past
-        # DECODE_EXACT steps, each simulated step stands for several tokens (the cache grows by as many at once),
-        # so that any --new-tokens costs at most DECODE_EXACT + DECODE_COARSE steps; the last ends at full length
-        steps = decode_lengths(w.new_tokens - 1)
-        for i, step in enumerate(steps):
-            t = S + step
-            full_step = i in (0, len(steps) - 1)
-            x = prog.alloc("activations", B * h * ctx.dt.resid) if full_step else 0
-            for layer in range(spec.layers):
-                if full_step:
-                    x, _ = block_nograd(prog, decode, x, layer, cache_kv=False, decode=True, context=B * t)
-                for i in (0, 1):
-                    old = cache[2 * layer + i]
-                    cache[2 * layer + i] = prog.alloc("kv_cache", B * window(t, layer) * kv_tok)
-                    prog.free(old)
-            prog.free(x)
-            sampler.step()
-        sampler.finish()
-        prog.free_all(cache)
-    return prog

@@ -1,0 +1,118 @@
+"""Inference as a program of GPU allocations: generate() (prefill, then decode steps into a growing cache) or, with
+--new-tokens 0, forward passes over the prompt (infer_program).
+"""
+
+from __future__ import annotations
+
+from gpuready.memory.lm.blocks_infer import block_nograd
+from gpuready.memory.lm.context import make_ctx
+from gpuready.memory.lm.loss import (
+    Sampler,
+)
+from gpuready.memory.lm.memo import (
+    SpanMemo,
+    layer_nograd,
+)
+from gpuready.memory.lm.ops import (
+    eager_mask,
+    rms_norm_nograd,
+    rotary_tables,
+)
+from gpuready.memory.lm.weights import load_weights
+from gpuready.memory.program import Program
+from gpuready.models.spec import ModelSpec
+from gpuready.workload import Workload
+
+# Decode steps replayed one token at a time; the rest of a longer generation is replayed in DECODE_COARSE steps of
+# several tokens each, so any --new-tokens costs at most DECODE_EXACT + DECODE_COARSE steps (docs/estimator.md
+# gives the error against token-by-token replay)
+DECODE_EXACT = 256
+
+
+DECODE_COARSE = 128
+
+
+def decode_lengths(steps: int) -> list[int]:
+    """Tokens added to the cache by the end of each simulated decode step: every step up to DECODE_EXACT, then
+    DECODE_COARSE evenly spaced lengths ending at `steps` (each such step grows the cache by several tokens)."""
+    if steps <= DECODE_EXACT:
+        return list(range(1, steps + 1))
+    rest = steps - DECODE_EXACT
+    coarse = min(rest, DECODE_COARSE)
+    return list(range(1, DECODE_EXACT + 1)) + [DECODE_EXACT + -(-k * rest // coarse) for k in range(1, coarse + 1)]
+
+
+def infer_program(spec: ModelSpec, w: Workload) -> Program:
+    """generate() (prefill, then one token per step into a DynamicCache grown by torch.cat), or with
+    --new-tokens 0 two plain forward passes with use_cache=True over the prompt."""
+    ctx = make_ctx(spec, w)
+    prog = Program()
+    memo = SpanMemo(prog, ctx)
+    load_weights(prog, ctx)
+    workspace = False
+    h, e, B, S, V = spec.hidden, ctx.dt.act, w.batch, w.seq, spec.vocab
+    kv_tok = spec.kv_bytes_per_token_per_layer_elems * e // 2  # bytes per K (or V), per token, per layer
+
+    def window(tokens: int, layer: int) -> int:
+        # sliding-window layers keep only the window (transformers' DynamicSlidingWindowLayer)
+        if spec.sliding_window and layer < spec.sliding_layers:
+            return min(tokens, spec.sliding_window)
+        return tokens
+
+    for _rep in range(1 if w.new_tokens else 2):
+        prog.set_phase("prefill")
+        # the model's forward keeps `inputs_embeds` referenced for the whole pass
+        embeds = prog.alloc("activations", B * S * h * ctx.dt.resid)
+        x = embeds
+        tables = rotary_tables(prog, ctx, B, S, first_matmul=not workspace)
+        workspace = True
+        mask = eager_mask(prog, ctx, B, S)
+        cache: list[int] = []
+        for layer in range(spec.layers):
+            # a sliding-window layer keeps the whole prompt's K and V through the prefill: transformers'
+            # DynamicSlidingWindowLayer stores `full[:, :, -window + 1:]`, a view that holds the whole tensor until
+            # the first decode step's torch.cat makes a window-sized one (transformers cache_utils.py)
+            x, kv = layer_nograd(memo, ctx, x, layer, cache_kv=True, keep_input=layer == 0)
+            cache.extend(kv)
+        if spec.model_type == "gpt2":
+            normed = prog.alloc("activations", B * S * h * ctx.dt.resid)
+        else:
+            normed = rms_norm_nograd(prog, B * S, h, ctx.dt.resid, gemma=spec.model_type == "gemma3_text")
+        prog.free(x)
+        # the base model returns: its input embeddings, mask and rotary tables go before lm_head runs
+        prog.free(embeds)
+        prog.free(mask)
+        prog.free_all(tables)
+        if w.new_tokens == 0:
+            logits = prog.alloc("logits_and_loss", B * S * V * e)  # every position's logits
+            prog.free(normed)
+            prog.free(logits)
+            prog.free_all(cache)
+            continue
+        sampler = Sampler(prog, B, V, e)
+        sampler.step()  # generate asks for the last position's logits only
+        prog.free(normed)
+        prog.set_phase("decode")
+        decode = make_ctx(spec, w.model_copy(update={"seq": 1}))
+        # every step grows each layer's K and V by one token (torch.cat makes the longer tensor, then the old one
+        # goes): these large-pool allocations drive the allocator, so they are replayed step by step; a step's own
+        # activations (batch x width, mostly small-pool) are simulated on the first and the last step. Past
+        # DECODE_EXACT steps, each simulated step stands for several tokens (the cache grows by as many at once),
+        # so that any --new-tokens costs at most DECODE_EXACT + DECODE_COARSE steps; the last ends at full length
+        steps = decode_lengths(w.new_tokens - 1)
+        for i, step in enumerate(steps):
+            t = S + step
+            full_step = i in (0, len(steps) - 1)
+            x = prog.alloc("activations", B * h * ctx.dt.resid) if full_step else 0
+            for layer in range(spec.layers):
+                if full_step:
+                    x, _ = block_nograd(prog, decode, x, layer, cache_kv=False, decode=True, context=B * t)
+                for i in (0, 1):
+                    old = cache[2 * layer + i]
+                    cache[2 * layer + i] = prog.alloc("kv_cache", B * window(t, layer) * kv_tok)
+                    prog.free(old)
+            prog.free(x)
+            sampler.step()
+        sampler.finish()
+        prog.free_all(cache)
+    return prog
