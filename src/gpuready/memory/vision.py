@@ -14,7 +14,7 @@ from gpuready.memory.dtypes import dtypes_for
 from gpuready.memory.lm.ops import CUBLAS_WORKSPACE_BYTES
 from gpuready.memory.optimizer import Trainable, optimizer_step
 from gpuready.memory.program import Program
-from gpuready.memory.vision_hf import hf_forward, hf_nograd
+from gpuready.memory.vision_hf import hf_forward, hf_nograd, mlp_nograd
 from gpuready.models.spec import ModelSpec
 from gpuready.models.vision import resnet_convs
 from gpuready.workload import Workload
@@ -305,13 +305,7 @@ def _vit_nograd(prog: Program, spec: ModelSpec, w: Workload, first: bool) -> Non
         prog.free(ln1)
         x1 = prog.alloc("activations", th)  # x + input
         prog.free(out)
-        ln2 = prog.alloc("activations", th)
-        fc1 = prog.alloc("activations", T * mlp * e)
-        act = prog.alloc("activations", T * mlp * e)
-        prog.free(fc1)
-        fc2 = prog.alloc("activations", th)
-        prog.free(act)
-        prog.free(ln2)
+        fc2 = mlp_nograd(prog, th, T * mlp * e, th)
         x2 = prog.alloc("activations", th)  # x + y
         prog.free(fc2)
         prog.free(x1)

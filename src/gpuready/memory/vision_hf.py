@@ -80,6 +80,19 @@ def hf_forward(prog: Program, spec: ModelSpec, w: Workload) -> list[tuple[int, i
     return saved
 
 
+def mlp_nograd(prog: Program, norm_bytes: int, hidden_bytes: int, out_bytes: int) -> int:
+    """A vision transformer's second half without autograd: the layer norm's output, fc1, the GELU (fc1's output
+    goes), fc2 (the GELU's and the norm's outputs go). Returns fc2's output."""
+    ln2 = prog.alloc("activations", norm_bytes)
+    fc1 = prog.alloc("activations", hidden_bytes)
+    act = prog.alloc("activations", hidden_bytes)
+    prog.free(fc1)
+    fc2 = prog.alloc("activations", out_bytes)
+    prog.free(act)
+    prog.free(ln2)
+    return fc2
+
+
 def hf_nograd(prog: Program, spec: ModelSpec, w: Workload, first: bool) -> None:
     """The same blocks under torch.no_grad(): a layer's input lives until its second residual add is made."""
     dt, B, img, h, mlp, p, heads, n = hf_shape(spec, w)
@@ -129,13 +142,7 @@ def hf_nograd(prog: Program, spec: ModelSpec, w: Workload, first: bool) -> None:
             prog.free(ln1)
         x1 = prog.alloc("activations", T * h * r)
         prog.free(out)
-        ln2 = prog.alloc("activations", T * h * r)
-        fc1 = prog.alloc("activations", T * mlp * e)
-        act = prog.alloc("activations", T * mlp * e)
-        prog.free(fc1)
-        fc2 = prog.alloc("activations", th)
-        prog.free(act)
-        prog.free(ln2)
+        fc2 = mlp_nograd(prog, T * h * r, T * mlp * e, th)
         if cfg.get("layer_scale"):
             scaled = prog.alloc("activations", th)
             prog.free(fc2)
