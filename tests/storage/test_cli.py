@@ -150,7 +150,8 @@ def test_dupes_json_is_written_group_by_group_as_the_same_document(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], n_groups: int
 ) -> None:
     from gpuready.cli.storage import write_json_streaming
-    from gpuready.storage.dupes import find_duplicates, make_plan
+    from gpuready.storage.dedupe import make_plan
+    from gpuready.storage.dupes import find_duplicates
 
     from .conftest import ODD_NAMES
 

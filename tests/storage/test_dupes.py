@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuready.storage.dupes import apply_plan, find_duplicates, make_plan
+from gpuready.storage.dedupe import apply_plan, make_plan
+from gpuready.storage.dupes import find_duplicates
 from gpuready.storage.hashing import FileChangedError, hash_file
 
 MIB = 1 << 20

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuready.storage.dupes import DedupePlan, PlanStep, apply_plan, find_duplicates, make_plan
+from gpuready.storage.dedupe import DedupePlan, PlanStep, apply_plan, make_plan
+from gpuready.storage.dupes import find_duplicates
 
 from .conftest import ODD_NAMES, assert_nothing_lost, git, hf_repo, state, write
 

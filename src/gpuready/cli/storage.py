@@ -299,7 +299,8 @@ def dupes_cmd(
     import sys
 
     from gpuready.errors import InputError
-    from gpuready.storage.dupes import apply_plan, find_duplicates, make_plan
+    from gpuready.storage.dedupe import apply_plan, make_plan
+    from gpuready.storage.dupes import find_duplicates
 
     del no_hf_names  # blob names are never trusted any more (issue 9); the flag stays accepted
     if remove and hardlink:

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gpuready.storage.caches import CacheReport, StorageReport
-    from gpuready.storage.dupes import DedupePlan, DupeGroup, DupesReport, apply_plan, find_duplicates, make_plan
+    from gpuready.storage.dedupe import DedupePlan, apply_plan, make_plan
+    from gpuready.storage.dupes import DupeGroup, DupesReport, find_duplicates
     from gpuready.storage.manifest import ManifestResult, VerifyResult, create_manifest, verify_manifest
     from gpuready.storage.mounts import MountInfo, MountMap, mount_map, parse_mountinfo
     from gpuready.storage.projection import DiskProjection, job_sizes, project_disk
@@ -25,12 +26,12 @@ from gpuready.storage.sync import SyncResult, sync
 _WHERE = {
     "CacheReport": "caches",
     "StorageReport": "caches",
-    "DedupePlan": "dupes",
+    "DedupePlan": "dedupe",
     "DupeGroup": "dupes",
     "DupesReport": "dupes",
-    "apply_plan": "dupes",
+    "apply_plan": "dedupe",
     "find_duplicates": "dupes",
-    "make_plan": "dupes",
+    "make_plan": "dedupe",
     "ManifestResult": "manifest",
     "VerifyResult": "manifest",
     "create_manifest": "manifest",
