@@ -143,19 +143,35 @@ def _vit_forward(prog: Program, spec: ModelSpec, w: Workload) -> list[tuple[int,
 
 
 def _weights(prog: Program, spec: ModelSpec, w: Workload) -> list[Trainable]:
-    """The parameters. torchvision's ViT tensor by tensor as its constructor makes them, so that the optimizer's
-    states and temporaries are per tensor too, as foreach AdamW makes them (the recorded history
+    """The parameters. torchvision's and transformers' ViT tensor by tensor as their constructors make them, so that
+    the optimizer's states and temporaries are per tensor too, as foreach AdamW makes them (the recorded history
     h29_vit_l16_mixed_b32: with the weights, states and temporaries as one block each, vit_l_16 mixed at 32 x 224
     reserved +9.4%); other vision models as one block."""
     dt = dtypes_for(w)
+    built: list[int] = []
     if spec.model_type == "vit" and not spec.vision.get("transformers"):
-        built, _ = _module_tensors(spec, w.image_size)
-        if sum(built) == spec.params:
-            for numel in built:
-                prog.alloc("weights", numel * dt.param)
-            return [Trainable(numel, dt.param) for numel in built]
+        built = _module_tensors(spec, w.image_size)[0]
+    elif spec.model_type == "vit":
+        built = _hf_vit_tensors(spec, w.image_size)
+    if built and sum(built) == spec.params:
+        for numel in built:
+            prog.alloc("weights", numel * dt.param)
+        return [Trainable(numel, dt.param) for numel in built]
     prog.alloc("weights", spec.params * dt.param)
     return [Trainable(spec.params, dt.param)]
+
+
+def _hf_vit_tensors(spec: ModelSpec, image_size: int) -> list[int]:
+    """Element counts of transformers' ViTForImageClassification parameters in the order its constructor makes them
+    (the recorded history h29_hf_vitl_mixed_b64: the class token, the patch convolution, the position embeddings;
+    per layer q, k, v and the attention's output dense, the two layer norms, then the MLP's two denses; the final
+    layer norm and the classifier)."""
+    cfg = spec.vision
+    h, mlp, p = int(cfg["hidden_dim"]), int(cfg["mlp_dim"]), int(cfg["patch_size"])
+    tokens = (image_size // p) ** 2 + 1
+    classes = int(cfg.get("num_classes", 1000))
+    layer = [h * h, h] * 4 + [h, h, h, h] + [mlp * h, mlp, h * mlp, h]
+    return [h, 3 * p * p * h, h, tokens * h] + layer * int(cfg["num_layers"]) + [h, h, classes * h, classes]
 
 
 # -- inference: torch.no_grad() over a model left in train mode (the probe's `model(x)` twice) ----------------------
