@@ -99,11 +99,9 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
             ckpt_casts = ctx.dt.autocast and w.grad_ckpt
             recorded_mixed = mixed_ckpt_recorded(ctx)
             neox = neox_recorded(ctx)
+            # (without checkpointing each linear's copy is made and freed with its layer: blocks_train's
+            # weight_copy)
             layer_casts = cast_bytes if ckpt_casts else 0
-            # (without checkpointing each linear's copy is made and freed with its layer, blocks_train's
-            # weight_copy; the recorded LoRA layers run under autocast over 16-bit weights only)
-            lump = ctx.dt.autocast and not ckpt_casts and lora_rec
-            casts = prog.alloc("autocast_weight_copies", cast_bytes) if lump else 0
             forward_copies: list[int] = []
             if fsdp:
                 fsdp.gather(root)
@@ -428,7 +426,6 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                         grads.append(shard)
                 fsdp.reshard(root)
                 fsdp.finish()
-            prog.free(casts)
         prog.set_phase("optimizer step")
         if ctx.full or fsdp:
             # norms, biases and routers get their (small) gradients along the way
