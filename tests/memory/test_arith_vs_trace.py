@@ -48,13 +48,11 @@ VISION = vision_jobs(Path(tempfile.mkdtemp(prefix="gpuready-tiny-vision-")), qui
 @pytest.mark.torch
 @pytest.mark.parametrize(("name", "fields"), VISION, ids=[n for n, _ in VISION])
 def test_transformers_vision_encoders_allocated_peak_agrees_with_the_trace(
-    name: str, fields: dict[str, object], monkeypatch: pytest.MonkeyPatch
+    name: str, fields: dict[str, object]
 ) -> None:
-    from gpuready.memory import estimate, trace_record
-
-    # the trace has CUDA's reduction buffer for each bias gradient (the H200's history vit_l_mixed holds 192 of
-    # 138 MiB and 192 of 50 MiB); the arithmetic vision program does not model it yet: compared without it
-    monkeypatch.setattr(trace_record, "REDUCTION_BUFFERS", False)
+    # both have CUDA's reduction buffer for each bias gradient (memory/lm/ops.py reduce_buffer_bytes; the H200's
+    # history vit_l_mixed holds 192 of 138 MiB and 192 of 50 MiB)
+    from gpuready.memory import estimate
     from gpuready.memory.trace import trace_estimate
     from gpuready.workload import make_workload
 

@@ -381,17 +381,30 @@ def test_generic_layer_keeps_what_the_gpu_kept(name: str, job: str, rel: float) 
     assert estimate(w).peak_allocated_bytes == pytest.approx(doc["peak_allocated_bytes"], rel=0.005)
 
 
-def test_vit_parameters_states_and_temporaries_are_made_tensor_by_tensor() -> None:
-    """torchvision's vit_l_16 under autocast over fp32 weights (history h29_vit_l16_mixed_b32): with its weights, the
-    optimizer's states and temporaries as one block each the program made four 1.1 GiB segments the GPU never made
-    and reserved +9.4%; tensor by tensor (foreach AdamW's order) it loads as recorded and stays within 2%."""
+@pytest.mark.parametrize(
+    ("name", "job", "rel"),
+    [
+        ("h29_vit_l16_mixed_b32", "vit_l_16 --batch 32 --image-size 224 --precision mixed", 0.01),
+        ("h29_hf_vitl_mixed_b64", "vit-large-p16-224 --batch 64 --precision mixed", 0.01),
+        # cuDNN's patch-convolution workspaces here are 3.75x and 4.40x its output; the program takes 4x and 5x
+        # (vision_hf.PATCH_CONV_WORKSPACE), and the segments they make differ
+        ("h30_hf_vitb_bf16_b128", "vit-base-p16-224 --batch 128 --precision bf16", 0.03),
+    ],
+)
+def test_vit_training_keeps_what_the_histories_keep(name: str, job: str, rel: float) -> None:
+    """torchvision's and transformers' ViT in training, layer by layer as recorded: parameters, optimizer states and
+    temporaries tensor by tensor (as one block each the program made four 1.1 GiB segments the GPU never made,
+    +9.4%), the batch held through the steps, autocast's weight copies per Linear, each branch's last output until
+    its add, torchvision's contiguous copies for its transposed sums, the bias gradients' reduction buffers and the
+    patch convolution's workspaces. The replay of the program against the replay of the recorded requests, and the
+    peak allocated against the GPU's."""
+    from gpuready.memory import estimate
     from gpuready.memory.vision import vision_program
     from gpuready.models import resolve_model
     from gpuready.workload import workload_from_args
 
-    doc = load_history(HISTORIES / "h29_vit_l16_mixed_b32.json.gz")
-    w = workload_from_args("vit_l_16 --batch 32 --image-size 224 --precision mixed")
+    doc = load_history(HISTORIES / f"{name}.json.gz")
+    w = workload_from_args([*job.split(), "--task", "train"])
     compute = compare_program(doc, vision_program(resolve_model(w.model), w))[0]
-    assert compute.program_reserved_bytes == pytest.approx(compute.history_reserved_bytes, rel=0.02)
-    assert max(compute.program_segments) <= max(compute.history_segments)
-    assert compute.first_difference is not None and compute.first_difference[1].position > 290  # after the weights
+    assert compute.program_reserved_bytes == pytest.approx(compute.history_reserved_bytes, rel=rel)
+    assert estimate(w).peak_allocated_bytes == pytest.approx(doc["peak_allocated_bytes"], rel=0.01)

@@ -14,10 +14,6 @@ from typing import Any
 from gpuready.errors import GpureadyError
 from gpuready.memory.lm.ops import CUBLAS_WORKSPACE_BYTES, reduce_buffer_bytes
 
-# CUDA's reduction kernel stages a global buffer for sums over many rows (Recorder.reduction_buffer); a switch so that
-# tests can compare with programs that do not model it yet
-REDUCTION_BUFFERS = True
-
 
 class TraceUnavailable(GpureadyError):
     """The traced mode needs torch and transformers (pip install 'gpuready[trace]')."""
@@ -121,7 +117,7 @@ def make_recorder(torch: Any, trace: Trace) -> Any:
                     trace.component = "other"
                     trace.alloc(CUBLAS_WORKSPACE_BYTES)  # never freed
                     trace.component = saved
-            if func is sum_dims and REDUCTION_BUFFERS:
+            if func is sum_dims:  # CUDA's reduction kernel stages a global buffer for sums over many rows
                 self.reduction_buffer(args[0], args[1], out)
             return out
 

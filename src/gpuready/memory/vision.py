@@ -3,18 +3,19 @@
 What is kept for backward follows PyTorch's autograd formulas and torchvision's model code: a convolution
 keeps its input, cuDNN batch norm keeps its input (the conv output), the in-place ReLU keeps its output, max
 pooling keeps int64 indices; ViT's nn.MultiheadAttention (training path, F.multi_head_attention_forward)
-makes a contiguous copy of the packed q/k/v projection and of the attention output. The transformers encoders' layers
-are in memory/vision_hf.py.
+makes a contiguous copy of the packed q/k/v projection (and, with the fp32 kernel, of the attention output); every
+Linear's bias gradient takes CUDA's reduction buffer for a moment. The transformers encoders' layers are in
+memory/vision_hf.py.
 """
 
 from __future__ import annotations
 
 from gpuready.memory.ddp import DdpBuckets
 from gpuready.memory.dtypes import dtypes_for
-from gpuready.memory.lm.ops import CUBLAS_WORKSPACE_BYTES
+from gpuready.memory.lm.ops import CUBLAS_WORKSPACE_BYTES, reduce_buffer_bytes
 from gpuready.memory.optimizer import Trainable, optimizer_step
 from gpuready.memory.program import Program
-from gpuready.memory.vision_hf import hf_forward, hf_nograd, mlp_nograd
+from gpuready.memory.vision_hf import Saved, hf_forward, hf_nograd, mlp_nograd, patch_embedding
 from gpuready.models.spec import ModelSpec
 from gpuready.models.vision import resnet_convs
 from gpuready.workload import Workload
@@ -56,15 +57,15 @@ def _side(image: int, scale: int) -> int:
     return side
 
 
-def _resnet_forward(prog: Program, spec: ModelSpec, w: Workload) -> list[tuple[int, int, int]]:
+def _resnet_forward(prog: Program, spec: ModelSpec, w: Workload) -> list[Saved]:
     """Returns saved (handle, grad_bytes, weight_grad_bytes) in forward order."""
     dt = dtypes_for(w)
     e = dt.act
     B, img = w.batch, w.image_size
-    saved: list[tuple[int, int, int]] = []
+    saved: list[Saved] = []
 
     def save(nbytes: int, grad: int, wgrad: int = 0) -> None:
-        saved.append((prog.alloc("activations", nbytes), grad, wgrad))
+        saved.append((prog.alloc("activations", nbytes), grad, wgrad, 0))
 
     cfg = spec.vision
     image = prog.alloc("activations", B * 3 * img * img * 4)
@@ -78,7 +79,7 @@ def _resnet_forward(prog: Program, spec: ModelSpec, w: Workload) -> list[tuple[i
         cin_bytes = prev if not conv.downsample else B * conv.cin * _side(img, scale // conv.stride) ** 2 * e
         # the convolution keeps its input (already kept by the op before it); its backward makes the input's
         # gradient and the weight's (cuDNN's workspaces: cudnn_workspace_bytes, a cached segment beside these)
-        saved.append((0, cin_bytes, wgrad))
+        saved.append((0, cin_bytes, wgrad, 0))
         save(out, out)  # conv output, kept by batch norm
         if conv.downsample:
             prog.transient("activations", out)  # its BN output is added into the main path and dropped
@@ -96,48 +97,104 @@ def _resnet_forward(prog: Program, spec: ModelSpec, w: Workload) -> list[tuple[i
     return saved
 
 
-def _vit_forward(prog: Program, spec: ModelSpec, w: Workload) -> list[tuple[int, int, int]]:
+def _vit_forward(prog: Program, spec: ModelSpec, w: Workload, workspace: bool = False) -> list[Saved]:
+    """torchvision's VisionTransformer in training, as h29_vit_l16_mixed_b32 records it layer by layer; `workspace`:
+    make the cuBLAS handle's workspace at the first Linear (a process's first step)."""
     dt = dtypes_for(w)
     e, r = dt.act, dt.resid
     cfg = spec.vision
     B, img = w.batch, w.image_size
     hdim, mlp, p = cfg["hidden_dim"], cfg["mlp_dim"], cfg["patch_size"]
     T = B * ((img // p) ** 2 + 1)
-    saved: list[tuple[int, int, int]] = []
+    saved: list[Saved] = []
 
-    def save(nbytes: int, grad: int = 0, wgrad: int = 0) -> None:
-        saved.append((prog.alloc("activations", nbytes), grad, wgrad))
+    def save(nbytes: int, grad: int = 0, wgrad: int = 0, outputs: int = 0) -> None:
+        """`outputs`: the Linear's output features when its bias gradient is summed over the tokens (as
+        hf_forward's; h29_vit_l16_mixed_b32 shows the buffers of in_proj, out_proj, fc1 and fc2)"""
+        reduce = reduce_buffer_bytes(outputs, T) if outputs else 0
+        saved.append((prog.alloc("activations", nbytes), grad, wgrad, reduce))
 
     def copy(numel: int) -> None:
         """Under autocast, a layer's bf16 weight copy made where it first runs and kept for its backward (the
         recorded history h29_vit_l16_mixed_b32, as a language model's linears: memory/lm/blocks_train.py)."""
         if dt.autocast:
-            saved.append((prog.alloc("autocast_weight_copies", numel * 2), 0, 0))
+            saved.append((prog.alloc("autocast_weight_copies", numel * 2), 0, 0, 0))
 
-    copy(3 * p * p * hdim)
-    save(B * 3 * img * img * (2 if dt.autocast else 4), 0, 3 * p * p * hdim * dt.param)
-    x = prog.alloc("activations", T * hdim * r)  # class token + patches + positions
+    # conv_proj's output lives until the class token is concatenated to its patches (h29_vit_l16_mixed_b32)
+    patches = patch_embedding(prog, dt, B, img, p, hdim, saved)
+    x = prog.alloc("activations", T * hdim * r)  # class token + patches (held to the end of the forward)
+    prog.free(patches)
+    embedded = prog.alloc("activations", T * hdim * r)  # + positions
     heads = hdim // cfg["num_heads"]
-    for _ in range(cfg["num_layers"]):
-        save(T * hdim * r, T * hdim * r)  # ln_1 input
+    flash = e == 2 and heads <= 256  # SDPA's kernel (memory/lm/context.py attention_backend: no mask here)
+    ac = dt.autocast
+    stats = T * 4  # a LayerNorm's fp32 mean and rstd, kept
+
+    def layer_norm(strided: bool) -> int:
+        """A LayerNorm's output (fp32 under autocast); its statistics saved. nn.MultiheadAttention (batch_first)
+        returns its output transposed, so a residual sum with it in the first place keeps that token-major layout,
+        and the norm's kernel reads a contiguous copy of it, made and freed around its output (every norm but the
+        first layer's first in h29_vit_l16_mixed_b32; transformers' encoders, whose sums are contiguous, show none)."""
+        tmp = prog.alloc("activations", T * hdim * r) if strided else 0
+        y = prog.alloc("activations", T * hdim * r)
+        save(stats)
+        save(stats)
+        prog.free(tmp)
+        return y
+
+    res = embedded  # the residual stream: the embeddings, then each block's sums (each kept by the next norm)
+    for layer in range(cfg["num_layers"]):
+        saved.append((res, T * hdim * r, 0, 0))  # ln_1's input
+        y = layer_norm(layer > 0)
         copy(3 * hdim * hdim)
-        save(T * hdim * e, 0, 3 * hdim * hdim * dt.param)  # in_proj input (bf16 copy under autocast)
+        # in_proj reads the norm's output through the transposed view nn.MultiheadAttention (batch_first) takes; its
+        # reshape copies that contiguous, and the copy is what the matmul keeps (under autocast, a copy of the bf16
+        # cast, which goes once the projection is made); the norm's output goes when the attention returns
+        cast = prog.alloc("activations", T * hdim * 2) if ac else 0
+        save(T * hdim * e, 0, 3 * hdim * hdim * dt.param, 3 * hdim)
         t = prog.alloc("activations", T * 3 * hdim * e)  # packed projection, then its contiguous copy
+        if workspace and layer == 0:
+            prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
+        prog.free(cast)
         save(T * 3 * hdim * e, T * 3 * hdim * e)
         prog.free(t)
         save(T * hdim * e)  # attention output
         save(B * cfg["num_heads"] * (T // B) * 4 if heads else 0)  # log-sum-exp
         copy(hdim * hdim)
-        save(T * hdim * e, T * hdim * e, hdim * hdim * dt.param)  # permuted contiguous copy for out_proj
-        save(T * hdim * r, T * hdim * r)  # ln_2 input
+        # out_proj reads the attention output permuted to (tokens, batch, ...) and made contiguous: flash attention
+        # (16-bit) writes its output in q's layout, which is that order, so no copy is made (h29_vit_l16_mixed_b32);
+        # the fp32 kernel's (batch, tokens, ...) output is copied
+        if flash:
+            saved.append((0, T * hdim * e, hdim * hdim * dt.param, reduce_buffer_bytes(hdim, T)))
+        else:
+            save(T * hdim * e, T * hdim * e, hdim * hdim * dt.param, hdim)
+        out = prog.alloc("activations", T * hdim * e)  # out_proj's output, until the residual add
+        prog.free(y)
+        res = prog.alloc("activations", T * hdim * r)
+        prog.free(out)
+        saved.append((res, T * hdim * r, 0, 0))  # ln_2's input
+        y = layer_norm(True)
         copy(hdim * mlp)
-        save(T * hdim * e, 0, hdim * mlp * dt.param)  # fc1 input
+        if ac:
+            save(T * hdim * 2, 0, hdim * mlp * dt.param, mlp)  # fc1's input, cast to bf16
+        else:
+            saved.append((y, 0, hdim * mlp * dt.param, reduce_buffer_bytes(mlp, T)))
         save(T * mlp * e, T * mlp * e)  # GELU input
         copy(mlp * hdim)
-        save(T * mlp * e, T * mlp * e, mlp * hdim * dt.param)  # fc2 input
-    save(T * hdim * r, T * hdim * r)  # final ln input
+        save(T * mlp * e, T * mlp * e, mlp * hdim * dt.param, hdim)  # fc2 input
+        out = prog.alloc("activations", T * hdim * e)  # fc2's output, until the residual add
+        if ac:
+            prog.free(y)
+        res = prog.alloc("activations", T * hdim * r)
+        prog.free(out)
+    saved.append((res, T * hdim * r, 0, 0))  # the final norm's input
+    y = layer_norm(True)
     copy(hdim * 1000)
-    save(T * hdim * (4 if dt.autocast else e), 0, hdim * 1000 * dt.param)  # its output, viewed by the head
+    if ac:  # the head reads the class token (a view), cast to bf16: that copy is kept, the norm's output is not
+        save(B * hdim * 2, 0, hdim * 1000 * dt.param)
+        prog.free(y)
+    else:  # the head keeps the view, and so the whole normed output
+        saved.append((y, 0, hdim * 1000 * dt.param, 0))
     prog.free(x)
     return saved
 
@@ -390,9 +447,14 @@ def vision_program(spec: ModelSpec, w: Workload) -> Program:
         prog.cached_outside_bytes = cudnn_workspace_bytes(spec, w)
     dt = dtypes_for(w)
     trainable = _weights(prog, spec, w)
-    forward = _resnet_forward if spec.model_type == "resnet" else _vit_forward
-    if spec.vision.get("transformers"):
-        forward = hf_forward
+    if spec.model_type != "resnet":
+        # the batch, made once after the model and held through every step (the probe's x and y, as a training loop
+        # holds its batch): images in the weights' dtype (fp32 under autocast), int64 labels (histories
+        # h29_vit_l16_mixed_b32, h29_hf_vitl_mixed_b64, h30_hf_vitb_bf16_b128)
+        prog.alloc("activations", w.batch * 3 * w.image_size**2 * dt.param)
+        prog.alloc("activations", w.batch * 8)
+    resnet = spec.model_type == "resnet"
+    vit = hf_forward if spec.vision.get("transformers") else _vit_forward
     state: list[int] | None = None
     ddp = DdpBuckets(prog, spec.params * dt.param) if w.shard == "ddp" else None
     ready_order: list[int] = []
@@ -401,27 +463,28 @@ def vision_program(spec: ModelSpec, w: Workload) -> Program:
         prog.set_phase("forward")
         if step == 1 and ddp:
             ddp.rebuild(ready_order)
-        # (torchvision's ViT makes its weight copies layer by layer: _vit_forward)
-        lump = dt.autocast and forward is not _vit_forward
-        casts = prog.alloc("autocast_weight_copies", spec.params * 2) if lump else 0
-        hf_first = step == 0 and bool(spec.vision.get("transformers"))
-        if hf_first:  # the forward's cuBLAS handle workspace (the first Linear), kept
-            prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
-        saved = forward(prog, spec, w)
-        ready_order = [wgrad for _, _, wgrad in reversed(saved) if wgrad]
+        # (the ViTs make their weight copies layer by layer: _vit_forward, hf_forward)
+        casts = prog.alloc("autocast_weight_copies", spec.params * 2) if dt.autocast and resnet else 0
+        # a ViT's first step makes the forward's cuBLAS handle workspace at its first Linear, kept, and the backward
+        # thread's (h30_hf_vitb_bf16_b128, h29_vit_l16_mixed_b32: two 32 MiB segments)
+        first = step == 0 and not resnet
+        saved = _resnet_forward(prog, spec, w) if resnet else vit(prog, spec, w, workspace=first)
+        ready_order = [wgrad for _, _, wgrad, _ in reversed(saved) if wgrad]
         logits = prog.alloc("logits_and_loss", w.batch * 1000 * 4)
         prog.set_phase("backward")
         grads: list[int] = []
         current = prog.alloc("activations", w.batch * 1000 * 4)
-        if hf_first:  # autograd's backward thread has a cuBLAS handle (and workspace) of its own
+        if first:  # autograd's backward thread has a cuBLAS handle (and workspace) of its own
             prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
         prog.free(logits)
         if step == 1 and ddp:
             ddp.release_first()
-        for handle, grad, wgrad in reversed(saved):
+        for handle, grad, wgrad, reduce in reversed(saved):
             if wgrad:
                 grads.append(prog.alloc("gradients", wgrad))
             new = prog.alloc("activations", grad) if grad else 0
+            if reduce:
+                prog.transient("activations", reduce)
             prog.free(handle)
             if new:
                 prog.free(current)

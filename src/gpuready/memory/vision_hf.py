@@ -7,10 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 from gpuready.memory.dtypes import Dtypes, dtypes_for
-from gpuready.memory.lm.ops import CUBLAS_WORKSPACE_BYTES
+from gpuready.memory.lm.ops import CUBLAS_WORKSPACE_BYTES, reduce_buffer_bytes
 from gpuready.memory.program import Program
 from gpuready.models.spec import ModelSpec
 from gpuready.workload import Workload
+
+# what a forward keeps for one backward op: (handle, bytes of its input's gradient, bytes of its weight's gradient,
+# bytes of the global buffer its bias gradient's reduction takes for a moment: ops.reduce_buffer_bytes)
+Saved = tuple[int, int, int, int]
 
 
 def tokens(cfg: dict[str, Any], img: int) -> int:
@@ -25,58 +29,133 @@ def hf_shape(spec: ModelSpec, w: Workload) -> tuple[Dtypes, int, int, int, int, 
     return dtypes_for(w), w.batch, w.image_size, h, mlp, p, heads, tokens(cfg, w.image_size)
 
 
-def hf_forward(prog: Program, spec: ModelSpec, w: Workload) -> list[tuple[int, int, int]]:
+# cuDNN's workspace for a ViT's patch convolution (kernel = stride = patch), taken for a moment in its forward and in
+# its weight gradient, as whole multiples of the convolution's output. The recorded H200 histories show 3.16-3.75x
+# and 4.14-5.29x (h29_vit_l16_mixed_b32: 40.75 and 64.75 MiB over a 12.25 MiB output; h29_hf_vitl_mixed_b64: 77.5 and
+# 101.5 over 24.5; h30_hf_vitb_bf16_b128: 137.75 and 161.75 over 36.75); which algorithm cuDNN picks is not known
+# ahead. Whole multiples at the top of that range: a transient counted a little large costs a little, one counted
+# too small can leave out a whole segment (3x and 4x put h30's reserve at -3.7% of its replay; 4x and 5x at -2.2%)
+PATCH_CONV_WORKSPACE = (4, 5)
+
+
+def patch_embedding(prog: Program, dt: Dtypes, B: int, img: int, p: int, h: int, saved: list[Saved]) -> int:
+    """The patch convolution of a ViT in training, up to its output (returned, for the caller to free once the
+    embeddings are made): under autocast its weight's bf16 copy and the images' bf16 copy (kept), else the images
+    themselves (held by vision_program: nothing made); the output; the workspace, a moment."""
+    wgrad = 3 * p * p * h * dt.param
+    out = B * (img // p) ** 2 * h * dt.act
+    if dt.autocast:
+        saved.append((prog.alloc("autocast_weight_copies", 3 * p * p * h * 2), 0, 0, 0))
+        saved.append((prog.alloc("activations", B * 3 * img * img * 2), 0, wgrad, PATCH_CONV_WORKSPACE[1] * out))
+    else:
+        saved.append((0, 0, wgrad, PATCH_CONV_WORKSPACE[1] * out))
+    handle = prog.alloc("activations", out)
+    prog.transient("activations", PATCH_CONV_WORKSPACE[0] * out)
+    return handle
+
+
+def hf_forward(prog: Program, spec: ModelSpec, w: Workload, workspace: bool = False) -> list[Saved]:
     """transformers' ViTLayer / Dinov2Layer / SiglipEncoderLayer in training (modeling_vit.py, modeling_dinov2.py,
-    modeling_siglip.py): pre-norm blocks with separate q/k/v Linear layers, SDPA (flash on the H200: it keeps
-    q, k, v, its output and the log-sum-exp), the output projection, an MLP with GELU; DINOv2 scales both
-    branches by a learned vector (the multiply keeps its input). Under autocast, layer norms and residual adds
-    run in fp32 and every Linear keeps its bf16 input."""
+    modeling_siglip.py), as the H200 histories h29_hf_vitl_mixed_b64 (autocast) and h30_hf_vitb_bf16_b128 record
+    them: pre-norm blocks with separate q/k/v Linear layers, SDPA (flash on the H200: it keeps q, k, v, its output
+    and the log-sum-exp), the output projection, an MLP with GELU; DINOv2 scales both branches by a learned vector
+    (the multiply keeps its input). The residual stream's sums are each kept by the next norm; a branch's last
+    output lives until its add. Under autocast, layer norms and residual adds run in fp32, every Linear makes its
+    weight's bf16 copy and keeps it with a bf16 copy of its input (so a norm's output goes after its Linears), and
+    the classifier keeps only the class token's copy. Every Linear has a bias: its gradient is a sum over the
+    tokens, whose reduction buffer is taken after the input's and weight's gradients (h30: 132 MiB for each of
+    ViT-B's linears at 128 images, the peak in the last fc2's backward). `workspace`: the first Linear makes the
+    cuBLAS handle's workspace (a process's first step)."""
     dt, B, img, h, mlp, p, heads, n = hf_shape(spec, w)
     e, r = dt.act, dt.resid
+    ac = dt.autocast
     cfg = spec.vision
     T = B * n
     th = T * h * e
-    saved: list[tuple[int, int, int]] = []
+    scale = bool(cfg.get("layer_scale"))
+    saved: list[Saved] = []
 
-    def save(nbytes: int, grad: int = 0, wgrad: int = 0) -> None:
-        saved.append((prog.alloc("activations", nbytes), grad, wgrad))
+    def save(nbytes: int, grad: int = 0, wgrad: int = 0, outputs: int = 0) -> int:
+        """`outputs`: the Linear's output features when its bias gradient is summed over the tokens"""
+        reduce = reduce_buffer_bytes(outputs, T) if outputs else 0
+        handle = prog.alloc("activations", nbytes)
+        saved.append((handle, grad, wgrad, reduce))
+        return handle
 
-    # the patch convolution keeps its input (the probe's images, or autocast's bf16 copy of them)
-    save(B * 3 * img * img * (2 if dt.autocast else e), 0, 3 * p * p * h * dt.param)
-    x = prog.alloc("activations", T * h * r)  # [CLS +] patches + positions
-    for _ in range(int(cfg["num_layers"])):
-        save(T * h * r, T * h * r)  # layer norm 1 input
-        if dt.autocast:  # the fp32 layer-norm output is cast to bf16 once per Linear (q, k, v): three copies kept
-            for _cast in range(3):
-                save(th, 0, h * h * dt.param)
-        else:
-            save(th, 0, 3 * h * h * dt.param)  # q/k/v input
-        for _qkv in range(3):
+    def copy(numel: int) -> None:
+        if ac:
+            saved.append((prog.alloc("autocast_weight_copies", numel * 2), 0, 0, 0))
+
+    def norm() -> int:
+        """A LayerNorm's output (fp32 under autocast); its mean and rstd kept."""
+        y = prog.alloc("activations", T * h * r)
+        save(T * 4)
+        save(T * 4)
+        return y
+
+    def branch_end(y: int, out: int) -> int:
+        """A branch's last output `out` through layer scale (DINOv2) and into the residual add: the new sum."""
+        if scale:  # the multiply keeps its input; its product lives until the add
+            saved.append((out, th, 0, 0))
+            out = prog.alloc("activations", T * h * r)
+        if ac:
+            prog.free(y)  # the norm's output (without autocast a Linear keeps it)
+        total = prog.alloc("activations", T * h * r)
+        prog.free(out)
+        return total
+
+    patches = patch_embedding(prog, dt, B, img, p, h, saved)
+    cat = prog.alloc("activations", T * h * r) if cfg.get("cls_token") else 0  # [CLS] + patches
+    prog.free(patches)
+    res = prog.alloc("activations", T * h * r)  # + positions
+    prog.free(cat)
+    for layer in range(int(cfg["num_layers"])):
+        saved.append((res, T * h * r, 0, 0))  # layer norm 1's input
+        y = norm()
+        if not ac:
+            saved.append((y, 0, 3 * h * h * dt.param, reduce_buffer_bytes(h, T)))  # q/k/v input (three reductions)
+        for qkv in range(3):
+            if ac:
+                copy(h * h)
+                save(th, 0, h * h * dt.param, h)  # the input's bf16 copy, kept
             save(th, th)  # q, k, v: kept by the attention kernel
+            if workspace and layer == 0 and qkv == 0:
+                prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
         # the kernel's output, laid out (B, N, heads, head_dim): transpose(1, 2).contiguous() makes no copy, and
         # the same tensor is the output projection's input
-        save(th, th, h * h * dt.param)
+        save(th, th, h * h * dt.param, h)
         save(B * heads * n * 4)  # log-sum-exp
-        if cfg.get("layer_scale"):
-            save(th, th)  # output projection's result, kept by layer scale 1
-        save(T * h * r, T * h * r)  # layer norm 2 input
-        save(th, 0, h * mlp * dt.param)  # fc1 input
+        copy(h * h)
+        res = branch_end(y, prog.alloc("activations", th))
+        saved.append((res, T * h * r, 0, 0))  # layer norm 2's input
+        y = norm()
+        copy(h * mlp)
+        if ac:
+            save(th, 0, h * mlp * dt.param, mlp)  # fc1's input, cast to bf16
+        else:
+            saved.append((y, 0, h * mlp * dt.param, reduce_buffer_bytes(mlp, T)))
         save(T * mlp * e, T * mlp * e)  # GELU input
-        save(T * mlp * e, T * mlp * e, mlp * h * dt.param)  # fc2 input
-        if cfg.get("layer_scale"):
-            save(th, th)  # fc2's result, kept by layer scale 2
-    save(T * h * r, T * h * r)  # final layer norm input
+        save(T * mlp * e, T * mlp * e, mlp * h * dt.param, h)  # fc2 input
+        copy(mlp * h)
+        res = branch_end(y, prog.alloc("activations", th))
+    saved.append((res, T * h * r, 0, 0))  # the final layer norm's input
+    y = norm()
     classes = int(cfg.get("num_classes", 0))
     if cfg["head"] == "cls":  # the classifier reads the CLS token, a view that keeps the whole normed output
-        save(T * h * (4 if dt.autocast else e), 0, h * classes * dt.param)
+        copy(h * classes)
+        if ac:  # but autocast's bf16 copy of the token is what it keeps
+            save(B * h * 2, 0, h * classes * dt.param)
+            prog.free(y)
+        else:
+            saved.append((y, 0, h * classes * dt.param, 0))
     elif cfg["head"] == "cls_mean":  # cat([CLS, mean of patches]): only the (B, 2h) input is kept
         save(B * 2 * h * e, 0, 2 * h * classes * dt.param)
+        prog.free(y)
     else:  # SigLIP's attention pooling: one probe query over every token (nn.MultiheadAttention)
-        save(T * h * (4 if dt.autocast else e), 0, 4 * h * h * dt.param)  # post-layernorm output
+        saved.append((y, 0, 4 * h * h * dt.param, 0))  # post-layernorm output
         save(2 * th, 2 * th)  # k and v projections
         save(B * h * e * 4, 0, 2 * h * mlp * dt.param)  # the pooled token through its layer norm and MLP
         save(B * mlp * e * 2)
-    prog.free(x)
     return saved
 
 

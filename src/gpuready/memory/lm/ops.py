@@ -185,26 +185,47 @@ def eager_nograd(prog: Program, ctx: Ctx, q_w: int, k_w: int, v_w: int, out_w: i
 
 # SMs of the measured card (H200/H100 SXM: 132); the reduction kernel sizes its global buffer by it (below)
 REDUCE_SMS = 132
+REDUCE_THREADS_PER_SM = 2048  # an SM's resident threads (maxThreadsPerMultiProcessor) on sm_80 and later
+
+
+def _last_pow2(n: int) -> int:
+    return 1 << (n.bit_length() - 1)
 
 
 def reduce_buffer_bytes(outputs: int, rows: int, sms: int = REDUCE_SMS) -> int:
     """The global staging buffer of a CUDA sum over `rows` into `outputs` contiguous sums (a bias's or a norm
-    weight's gradient): ATen's Reduce.cuh splits the rows over ctas_per_output blocks and keeps one fp32 partial per
-    (block, output lane): 4 bytes x outputs x 128 (block width x output vector) x ctas_per_output, with
-    ctas_per_output = max(min(ceil(target grid / grid), ceil(values per thread / 16)), ceil(values per thread /
-    256)), target grid = SMs x 4 blocks of 512 threads, grid = outputs / 512, values per thread = rows / 4. The
-    recorded H200 histories show it after every such gradient: 128 MiB for 2048 outputs over 8192 rows and 132 MiB
-    for 6144 or 8192 outputs (ft_pythia1b_b8), 64 MiB for 1024 outputs (ft_pythia410m_b8), 132 MiB for 2048 outputs
-    over 32768 rows (ft_llama1b_mixed_ckpt_s4096). Zero when no global reduction is made."""
-    per_thread = -(-rows // 4)
-    if outputs % 512 or per_thread < 256:
+    weight's gradient), as ATen's Reduce.cuh (setReduceConfig) sizes it for a reduction over the slower dimension:
+    outputs are read 4 at a time (when 4 divides them), a block is `width` output lanes x `height` rows of threads
+    (set_block_dimension: at most 512 / 4 threads), and when each thread would still sum at least 256 values and the
+    grid of ceil(outputs / 4 / width) blocks is at most the card's resident blocks (SMs x 2048 / threads), the rows
+    are split over ctas_per_output = max(min(ceil(resident / grid), ceil(values / 16)), ceil(values / 256)) blocks,
+    values = ceil(rows / height), each keeping one fp32 partial per (output, lane): 4 x outputs x ctas x width x 4
+    bytes. The recorded H200 histories show it after every such gradient: 128 MiB for 2048 outputs over 8192 rows and
+    132 MiB for 6144 or 8192 outputs (ft_pythia1b_b8), 64 MiB for 1024 outputs (ft_pythia410m_b8), 132 MiB for 2048
+    outputs over 32768 rows (ft_llama1b_mixed_ckpt_s4096), 132 MiB (138,412,032 and 139,198,464 B) for GPT-2's 3072
+    and 2304 bias outputs over 8192 rows (ac_gpt2_full_b8), 132 MiB for ViT-B's 768 over 25,216 rows
+    (h30_hf_vitb_bf16_b128). Zero when no global reduction is made."""
+    if outputs < 1 or rows < 1:
         return 0
-    grid = outputs // 512
-    target = sms * 4
-    if grid > target:
+    vec = 4
+    while outputs % vec:
+        vec //= 2
+    lanes_max = 512 // vec
+    dim0 = outputs // vec
+    p0 = _last_pow2(dim0) if dim0 < lanes_max else lanes_max
+    p1 = _last_pow2(rows) if rows < lanes_max else lanes_max
+    width = min(p0, 32)
+    height = min(p1, lanes_max // width)
+    width = min(p0, lanes_max // height)
+    if rows < min(height * 16, 256):  # each warp keeps its own outputs: no split of the rows over blocks
         return 0
-    ctas = max(min(-(-target // grid), -(-per_thread // 16)), -(-per_thread // 256))
-    return 4 * outputs * 128 * ctas if ctas > 1 else 0
+    values = -(-rows // height)
+    grid = -(-dim0 // width)
+    resident = sms * (REDUCE_THREADS_PER_SM // (width * height))
+    if values < 256 or grid > resident:
+        return 0
+    ctas = max(min(-(-resident // grid), -(-values // 16)), -(-values // 256))
+    return 4 * outputs * ctas * width * vec if ctas > 1 else 0
 
 
 def flash_backward_workspace_bytes(spec: ModelSpec, tokens: int) -> int:
