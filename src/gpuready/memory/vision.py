@@ -13,9 +13,10 @@ from __future__ import annotations
 from gpuready.memory.ddp import DdpBuckets
 from gpuready.memory.dtypes import dtypes_for
 from gpuready.memory.lm.ops import CUBLAS_WORKSPACE_BYTES, reduce_buffer_bytes
-from gpuready.memory.optimizer import Trainable, optimizer_step
+from gpuready.memory.optimizer import optimizer_step
 from gpuready.memory.program import Program
 from gpuready.memory.vision_hf import Saved, hf_forward, hf_nograd, mlp_nograd, patch_embedding
+from gpuready.memory.vision_weights import load_for_inference, load_weights
 from gpuready.models.spec import ModelSpec
 from gpuready.models.vision import resnet_convs
 from gpuready.workload import Workload
@@ -199,111 +200,7 @@ def _vit_forward(prog: Program, spec: ModelSpec, w: Workload, workspace: bool = 
     return saved
 
 
-def _weights(prog: Program, spec: ModelSpec, w: Workload) -> list[Trainable]:
-    """The parameters. torchvision's and transformers' ViT tensor by tensor as their constructors make them, so that
-    the optimizer's states and temporaries are per tensor too, as foreach AdamW makes them (the recorded history
-    h29_vit_l16_mixed_b32: with the weights, states and temporaries as one block each, vit_l_16 mixed at 32 x 224
-    reserved +9.4%); other vision models as one block."""
-    dt = dtypes_for(w)
-    built: list[int] = []
-    if spec.model_type == "vit" and not spec.vision.get("transformers"):
-        built = _module_tensors(spec, w.image_size)[0]
-    elif spec.model_type == "vit":
-        built = _hf_vit_tensors(spec, w.image_size)
-    if built and sum(built) == spec.params:
-        for numel in built:
-            prog.alloc("weights", numel * dt.param)
-        return [Trainable(numel, dt.param) for numel in built]
-    prog.alloc("weights", spec.params * dt.param)
-    return [Trainable(spec.params, dt.param)]
-
-
-def _hf_vit_tensors(spec: ModelSpec, image_size: int) -> list[int]:
-    """Element counts of transformers' ViTForImageClassification parameters in the order its constructor makes them
-    (the recorded history h29_hf_vitl_mixed_b64: the class token, the patch convolution, the position embeddings;
-    per layer q, k, v and the attention's output dense, the two layer norms, then the MLP's two denses; the final
-    layer norm and the classifier)."""
-    cfg = spec.vision
-    h, mlp, p = int(cfg["hidden_dim"]), int(cfg["mlp_dim"]), int(cfg["patch_size"])
-    tokens = (image_size // p) ** 2 + 1
-    classes = int(cfg.get("num_classes", 1000))
-    layer = [h * h, h] * 4 + [h, h, h, h] + [mlp * h, mlp, h * mlp, h]
-    return [h, 3 * p * p * h, h, tokens * h] + layer * int(cfg["num_layers"]) + [h, h, classes * h, classes]
-
-
 # -- inference: torch.no_grad() over a model left in train mode (the probe's `model(x)` twice) ----------------------
-def _module_tensors(spec: ModelSpec, image_size: int) -> tuple[list[int], list[int]]:
-    """Element counts of every floating-point parameter and buffer, in the order the model's constructor creates
-    them and in the order `Module.to(dtype)` converts them (`Module._apply`: children first, then a module's own
-    parameters and buffers). torchvision's resnet.py builds a stage's downsample before its first block;
-    vision_transformer.py builds conv_proj, class_token, the encoder (pos_embedding first), heads; nn.MultiheadAttention
-    owns in_proj_weight/bias and holds out_proj as a child."""
-    cfg = spec.vision
-    built: list[int] = []
-    applied: list[int] = []
-    if spec.model_type == "resnet":
-        pending: list[int] = []  # the stage's downsample conv + BN, converted after the block that holds it
-        convs = resnet_convs(cfg["block"], list(cfg["layers"]))
-        per_block = 3 if cfg["block"] == "bottleneck" else 2
-        i = 0
-        while i < len(convs):
-            conv = convs[i][0]
-            # conv weight; BN weight, bias, running_mean, running_var (num_batches_tracked is int64: not converted)
-            unit = [conv.cin * conv.cout * conv.kernel**2, conv.cout, conv.cout, conv.cout, conv.cout]
-            if i == 0:
-                built += unit
-                applied += unit
-                i += 1
-                continue
-            block = [unit]
-            for k in range(1, per_block):
-                c = convs[i + k][0]
-                block.append([c.cin * c.cout * c.kernel**2, c.cout, c.cout, c.cout, c.cout])
-            i += per_block
-            if i < len(convs) and convs[i][0].downsample:
-                c = convs[i][0]
-                pending = [c.cin * c.cout, c.cout, c.cout, c.cout, c.cout]
-                built += pending
-                i += 1
-            for u in block:
-                built += u
-                applied += u
-            applied += pending
-            pending = []
-        features = 512 * (4 if cfg["block"] == "bottleneck" else 1)
-        fc = [features * int(cfg.get("num_classes", 1000)), int(cfg.get("num_classes", 1000))]
-        return built + fc, applied + fc
-    h, mlp, p = int(cfg["hidden_dim"]), int(cfg["mlp_dim"]), int(cfg["patch_size"])
-    tokens = (image_size // p) ** 2 + 1
-    classes = int(cfg.get("num_classes", 1000))
-    patch_embed = [h * 3 * p * p, h]
-    layer_built = [h, h, 3 * h * h, 3 * h, h * h, h, h, h, mlp * h, mlp, h * mlp, h]
-    # _apply: ln_1; self_attention's child out_proj, then its own in_proj_weight, in_proj_bias; ln_2; mlp
-    layer_applied = [h, h, h * h, h, 3 * h * h, 3 * h, h, h, mlp * h, mlp, h * mlp, h]
-    layers = int(cfg["num_layers"])
-    built = patch_embed + [h, tokens * h] + layer_built * layers + [h, h, classes * h, classes]
-    applied = patch_embed + layer_applied * layers + [h, h, tokens * h, classes * h, classes, h]
-    return built, applied
-
-
-def _load_for_inference(prog: Program, spec: ModelSpec, w: Workload) -> None:
-    """The probe builds the model in fp32 on the GPU, one tensor at a time, and for bf16/fp16 converts it with
-    `model.to(dtype)`: each new 16-bit tensor is made before its fp32 one goes, and the fp32 blocks stay cached."""
-    if spec.vision.get("transformers"):  # built in the job's weight dtype, no conversion
-        prog.alloc("weights", spec.params * dtypes_for(w).param)
-        return
-    built, applied = _module_tensors(spec, w.image_size)
-    fp32 = [prog.alloc("weights", n * 4) for n in built]
-    if w.precision not in ("bf16", "fp16"):
-        return
-    by_size: dict[int, list[int]] = {}
-    for n, handle in zip(built, fp32, strict=True):
-        by_size.setdefault(n, []).append(handle)
-    for n in applied:
-        prog.alloc("weights", n * 2)
-        prog.free(by_size[n].pop(0))
-
-
 def _resnet_nograd(prog: Program, spec: ModelSpec, w: Workload, first: bool) -> None:
     """ResNet's forward without autograd: each conv's output lives until batch norm has made its own; a block's
     input lives until the block returns (it is the identity); a downsample's BN output is added in place; the
@@ -421,7 +318,7 @@ def _inference_program(spec: ModelSpec, w: Workload) -> Program:
     if spec.model_type == "resnet":
         prog.cached_outside_bytes = cudnn_workspace_bytes(spec, w)
     dt = dtypes_for(w)
-    _load_for_inference(prog, spec, w)
+    load_for_inference(prog, spec, w)
     prog.set_phase("forward")
     in_bytes = 2 if w.precision in ("bf16", "fp16") else 4
     image = prog.alloc("activations", w.batch * 3 * w.image_size**2 * in_bytes)
@@ -446,7 +343,7 @@ def vision_program(spec: ModelSpec, w: Workload) -> Program:
     if spec.model_type == "resnet":
         prog.cached_outside_bytes = cudnn_workspace_bytes(spec, w)
     dt = dtypes_for(w)
-    trainable = _weights(prog, spec, w)
+    trainable = load_weights(prog, spec, w)
     if spec.model_type != "resnet":
         # the batch, made once after the model and held through every step (the probe's x and y, as a training loop
         # holds its batch): images in the weights' dtype (fp32 under autocast), int64 labels (histories
