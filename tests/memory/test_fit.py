@@ -96,6 +96,7 @@ def test_margins_rest_on_measurements() -> None:
     # replay did so for want of peft's torch.cuda.empty_cache() (now in the program, session 9): no release margin
     assert release_margin_bytes("lm", 100 * MIB) == 0
     assert fit_margin_bytes("vit", 100 * MIB, 10_000 * MIB) == 45 * MIB
+    assert fit_margin_bytes("vit_train", 100 * MIB, 10_000 * MIB) == 100 * MIB
     assert release_margin_bytes("conv", 100 * MIB) == 0
     assert fit_margin_bytes("conv", 100 * MIB, 10_000 * MIB) == 100 * MIB
     assert fit_margin_bytes("generate", 100 * MIB, 10_000 * MIB) == 400 * MIB

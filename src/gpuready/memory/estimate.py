@@ -283,7 +283,7 @@ def margin_kind(spec: ModelSpec, w: Workload) -> str:
     if spec.kind == "vision":
         if spec.model_type == "resnet":
             return "conv" if w.training else "conv_infer"
-        return "vit"
+        return "vit_train" if w.training else "vit"
     return "generate" if not w.training and w.new_tokens > 0 else "lm"
 
 
