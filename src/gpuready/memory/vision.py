@@ -59,7 +59,7 @@ def _side(image: int, scale: int) -> int:
 
 
 def _resnet_forward(prog: Program, spec: ModelSpec, w: Workload) -> list[Saved]:
-    """Returns saved (handle, grad_bytes, weight_grad_bytes) in forward order."""
+    """Returns what the forward keeps (vision_hf.Saved) in forward order."""
     dt = dtypes_for(w)
     e = dt.act
     B, img = w.batch, w.image_size

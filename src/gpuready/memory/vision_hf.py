@@ -13,7 +13,8 @@ from gpuready.models.spec import ModelSpec
 from gpuready.workload import Workload
 
 # what a forward keeps for one backward op: (handle, bytes of its input's gradient, bytes of its weight's gradient,
-# bytes of the global buffer its bias gradient's reduction takes for a moment: ops.reduce_buffer_bytes)
+# bytes its backward takes for a moment after those: a bias gradient's reduction buffer (ops.reduce_buffer_bytes) or
+# the patch convolution's workspace)
 Saved = tuple[int, int, int, int]
 
 
@@ -30,11 +31,13 @@ def hf_shape(spec: ModelSpec, w: Workload) -> tuple[Dtypes, int, int, int, int, 
 
 
 # cuDNN's workspace for a ViT's patch convolution (kernel = stride = patch), taken for a moment in its forward and in
-# its weight gradient, as whole multiples of the convolution's output. The recorded H200 histories show 3.16-3.75x
-# and 4.14-5.29x (h29_vit_l16_mixed_b32: 40.75 and 64.75 MiB over a 12.25 MiB output; h29_hf_vitl_mixed_b64: 77.5 and
-# 101.5 over 24.5; h30_hf_vitb_bf16_b128: 137.75 and 161.75 over 36.75); which algorithm cuDNN picks is not known
-# ahead. Whole multiples at the top of that range: a transient counted a little large costs a little, one counted
-# too small can leave out a whole segment (3x and 4x put h30's reserve at -3.7% of its replay; 4x and 5x at -2.2%)
+# its weight gradient, as whole multiples of the convolution's output. The recorded H200 histories at 32-128 images
+# show 3.16-3.83x forward and 4.14-5.39x backward (h29_vit_l16_mixed_b32: 40.75 and 64.75 MiB over a 12.25 MiB output;
+# h29_hf_vitl_mixed_b64: 77.5 and 101.5 over 24.5; h30_hf_vitb_bf16_b128: 137.75 and 161.75 over 36.75; h31, h32 in
+# the same ranges), and at 1360 images none forward and 3.69x backward (h33): which algorithm cuDNN picks is not known
+# ahead. Whole multiples near the top of that range: a transient counted a little large costs a little, one counted
+# too small can leave out a whole segment (3x and 4x put h30's reserve at -3.7% of its replay; 4x and 5x at -2.2%);
+# the fit keeps a margin for the rest (memory/fit.py "vit_train")
 PATCH_CONV_WORKSPACE = (4, 5)
 
 
