@@ -184,7 +184,7 @@ def test_a_size_group_too_big_to_hold_is_keyed_by_digests_with_the_same_groups(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # a size group with more content than _HOLD is not held in memory: each file is keyed by its BLAKE3-256
-    from gpuready.storage import dupes
+    from gpuready.storage import dupes_read
 
     base = bytearray(os.urandom(5000))
     last, middle = bytearray(base), bytearray(base)
@@ -193,7 +193,7 @@ def test_a_size_group_too_big_to_hold_is_keyed_by_digests_with_the_same_groups(
     for name, data in (("a", base), ("b", last), ("c", base), ("d", middle), ("e", last), ("f", base)):
         _write(tmp_path / name, bytes(data))
     held = find_duplicates([tmp_path])
-    monkeypatch.setattr(dupes, "_HOLD", 0)
+    monkeypatch.setattr(dupes_read, "_HOLD", 0)
     by_digest = find_duplicates([tmp_path])
     for r in (held, by_digest):
         assert sorted([Path(p).name for p in g.paths] for g in r.groups) == [["a", "c", "f"], ["b", "e"]]
@@ -226,11 +226,11 @@ def _same_report(a: object, b: object) -> None:
 def test_small_files_read_by_forked_children_give_the_same_report(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gpuready.storage import dupes
+    from gpuready.storage import dupes_read
 
     expected = _many_sizes_tree(tmp_path)
     one = find_duplicates([tmp_path], workers=1)
-    monkeypatch.setattr(dupes, "_FORK_MIN", 0)
+    monkeypatch.setattr(dupes_read, "_FORK_MIN", 0)
     forks: list[int] = []
     real_fork = os.fork
 
@@ -251,34 +251,34 @@ def test_small_files_read_by_forked_children_give_the_same_report(
 
 
 def test_a_child_that_dies_leaves_its_share_to_the_parent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpuready.storage import dupes
+    from gpuready.storage import dupes_read
 
     _many_sizes_tree(tmp_path)
     one = find_duplicates([tmp_path], workers=1)
     parent = os.getpid()
-    real = dupes._small_groups
+    real = dupes_read._small_groups
 
     def dies_in_a_child(*args: object) -> object:
         if os.getpid() != parent:
             os._exit(9)  # killed, out of memory, a crash: the same to the parent
         return real(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(dupes, "_FORK_MIN", 0)
-    monkeypatch.setattr(dupes, "_small_groups", dies_in_a_child)
+    monkeypatch.setattr(dupes_read, "_FORK_MIN", 0)
+    monkeypatch.setattr(dupes_read, "_small_groups", dies_in_a_child)
     _same_report(one, find_duplicates([tmp_path], workers=2))
 
 
 def test_no_fork_while_another_thread_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
 
-    from gpuready.storage import dupes
+    from gpuready.storage import dupes_read
 
     expected = _many_sizes_tree(tmp_path)
 
     def no_fork() -> int:
         raise AssertionError("forked while another thread ran")
 
-    monkeypatch.setattr(dupes, "_FORK_MIN", 0)
+    monkeypatch.setattr(dupes_read, "_FORK_MIN", 0)
     monkeypatch.setattr(os, "fork", no_fork)
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
@@ -294,10 +294,10 @@ def test_no_fork_while_another_thread_runs(tmp_path: Path, monkeypatch: pytest.M
 def test_a_file_changed_after_listing_is_reported_by_a_forked_child_too(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gpuready.storage import dupes
+    from gpuready.storage import dupes, dupes_read
 
     listed = dupes._scan
-    monkeypatch.setattr(dupes, "_FORK_MIN", 0)
+    monkeypatch.setattr(dupes_read, "_FORK_MIN", 0)
 
     def run(root: Path, workers: int) -> tuple[object, ...]:
         _many_sizes_tree(root)
@@ -326,7 +326,7 @@ def test_a_file_changed_after_listing_is_reported_by_a_forked_child_too(
 def test_a_child_whose_answer_does_not_parse_leaves_its_share_to_the_parent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, answer: bytes
 ) -> None:
-    from gpuready.storage import dupes
+    from gpuready.storage import dupes_read
 
     _many_sizes_tree(tmp_path)
     one = find_duplicates([tmp_path], workers=1)
@@ -334,6 +334,6 @@ def test_a_child_whose_answer_does_not_parse_leaves_its_share_to_the_parent(
     def garbled(fd: int, _found: object) -> None:
         os.write(fd, answer)
 
-    monkeypatch.setattr(dupes, "_FORK_MIN", 0)
-    monkeypatch.setattr(dupes, "_send", garbled)
+    monkeypatch.setattr(dupes_read, "_FORK_MIN", 0)
+    monkeypatch.setattr(dupes_read, "_send", garbled)
     _same_report(one, find_duplicates([tmp_path], workers=2))
