@@ -125,6 +125,15 @@ def test_lora_targets_must_exist_in_the_model(capsys: pytest.CaptureFixture[str]
     assert "foo, bar" in line and "q_proj" in line
 
 
+def test_torchvision_vit_image_size_must_be_a_multiple_of_its_patch(capsys: pytest.CaptureFixture[str]) -> None:
+    # torchvision's VisionTransformer asserts it when built; the trial would fail where the estimate answered
+    line = refused(capsys, "--image-size", "estimate", "vit_b_16", "--task", "train", "--image-size", "225")
+    assert "patch size 16" in line and "224 or 240" in line
+    # transformers' encoders interpolate their positions: any size is theirs
+    code, _, err = run(capsys, "estimate", "vit-base-p16-224", "--task", "train", "--image-size", "225", "--json")
+    assert code == 0, err
+
+
 def test_lora_flags_with_full_fine_tuning_warn(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "estimate", "gpt2", "--lora-targets", "c_attn", "--json")
     assert code == 0 and "warning: --lora-targets/--lora-r: ignored with --method full" in err

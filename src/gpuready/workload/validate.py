@@ -55,6 +55,14 @@ def check_workload(w: Workload, spec: ModelSpec | None = None) -> CheckedWorkloa
             raise InputError(
                 "--lora-targets", f"{', '.join(unknown)} not in {spec.name}; allowed: {', '.join(allowed)}"
             )
+    if spec.kind == "vision" and spec.model_type == "vit" and not spec.vision.get("transformers"):
+        # torchvision's VisionTransformer asserts this when it is built (transformers' encoders interpolate instead)
+        p = int(spec.vision["patch_size"])
+        if w.image_size % p:
+            below, above = w.image_size // p * p, (w.image_size // p + 1) * p
+            near = f"{below} or {above}" if below >= p else f"{above}"
+            why = f"{w.image_size} is not a multiple of {spec.name}'s patch size {p}; allowed: {near}, ..."
+            raise InputError("--image-size", why)
     default_too_long = spec.learned_positions and "seq" not in w.model_fields_set and w.seq > spec.learned_positions
     if spec.kind == "lm" and default_too_long:  # the default sequence does not fit this model: take its own length
         w = w.model_copy(update={"seq": spec.learned_positions})
