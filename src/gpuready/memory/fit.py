@@ -33,7 +33,7 @@ class Replayable(NamedTuple):
 
 
 # Kept free below the limit where a measurement showed the replay under the limit alone promising a batch that
-# failed, by the kind of job, checked on the 88 emulated-card cases of docs/max_batch.md (38 held out: sets 8-15);
+# failed, by the kind of job, checked on the 94 emulated-card cases of docs/max_batch.md (45 held out: sets 8-17);
 # the allocator model itself is exact under a cap: replaying the GPU's own requests recorded under the cap (eleven
 # histories, rounds 9 and 10, with cache releases and failures) it reserves, releases and fails where the GPU did.
 #
@@ -94,7 +94,7 @@ MARGIN_SHARE_OF_LARGEST = {
 MARGIN_SHARE_OF_LIMIT = {"lm": 0.0, "vit": 0.0, "vit_train": 0.0, "conv": 0.0, "conv_infer": 0.47, "generate": 0.04}
 RELEASE_MARGIN_SHARE_OF_LARGEST = dict.fromkeys(MARGIN_SHARE_OF_LARGEST, 0.0)
 MARGIN_NOTE = {
-    "lm": "no margin (measured on the 88 emulated cards of docs/max_batch.md, 38 of them predicted before they ran: "
+    "lm": "no margin (measured on the 94 emulated cards of docs/max_batch.md, 45 of them predicted before they ran: "
     "no batch that failed on the GPU completes in the replay under the card's limit)",
     "vit": "margin 45% of the largest single allocation (measured: vit_b_16 bf16 inference on a 24 GiB card ran "
     "batch 4123, failed at 5154; the replay alone promises 4537, not measured; docs/max_batch.md)",
