@@ -89,11 +89,19 @@ def hf_forward(prog: Program, spec: ModelSpec, w: Workload, workspace: bool = Fa
         if ac:
             saved.append((prog.alloc("autocast_weight_copies", numel * 2), 0, 0, 0))
 
+    # SigLIP has no class token to concatenate: its embeddings are the patch convolution's output viewed transposed
+    # plus the positions, a sum that keeps the channel-major layout, and so does every residual sum after it; each
+    # LayerNorm's kernel then reads a contiguous copy of its input, made and freed around its output (history
+    # h32_siglip_b_bf16_b64; ViT and DINOv2 concatenate, and show none)
+    strided = not cfg.get("cls_token")
+
     def norm() -> int:
         """A LayerNorm's output (fp32 under autocast); its mean and rstd kept."""
+        tmp = prog.alloc("activations", T * h * r) if strided else 0
         y = prog.alloc("activations", T * h * r)
         save(T * 4)
         save(T * 4)
+        prog.free(tmp)
         return y
 
     def branch_end(y: int, out: int) -> int:
@@ -154,11 +162,17 @@ def hf_forward(prog: Program, spec: ModelSpec, w: Workload, workspace: bool = Fa
     elif cfg["head"] == "cls_mean":  # cat([CLS, mean of patches]): only the (B, 2h) input is kept
         save(B * 2 * h * e, 0, 2 * h * classes * dt.param)
         prog.free(y)
-    else:  # SigLIP's attention pooling: one probe query over every token (nn.MultiheadAttention)
-        saved.append((y, 0, 4 * h * h * dt.param, 0))  # post-layernorm output
-        save(2 * th, 2 * th)  # k and v projections
+    else:  # SigLIP's attention pooling: one probe query over every token (nn.MultiheadAttention, batch_first)
+        # (h32_siglip_b_bf16_b64) the packed k/v projection reads the normed tokens through a transposed view, so
+        # its matmul keeps a contiguous copy of them; the projection is copied contiguous again for the heads and
+        # that copy is kept; the norm's output goes once the head has run
+        save(th, 0, 4 * h * h * dt.param, 2 * h)  # (the k/v bias's gradient: 132 MiB of reduction buffer in h32)
+        kv = prog.alloc("activations", 2 * th)
+        save(2 * th, 2 * th)
+        prog.free(kv)
         save(B * h * e * 4, 0, 2 * h * mlp * dt.param)  # the pooled token through its layer norm and MLP
         save(B * mlp * e * 2)
+        prog.free(y)
     return saved
 
 
