@@ -134,6 +134,12 @@ def test_torchvision_vit_image_size_must_be_a_multiple_of_its_patch(capsys: pyte
     assert code == 0, err
 
 
+def test_lora_on_a_vision_model_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    # the estimate and the probe would both size full fine-tuning and label it LoRA
+    line = refused(capsys, "--method", "estimate", "vit_b_16", "--task", "train", "--method", "lora")
+    assert "vision model" in line and "allowed: full" in line
+
+
 def test_lora_flags_with_full_fine_tuning_warn(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "estimate", "gpt2", "--lora-targets", "c_attn", "--json")
     assert code == 0 and "warning: --lora-targets/--lora-r: ignored with --method full" in err

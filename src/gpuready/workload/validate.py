@@ -55,6 +55,11 @@ def check_workload(w: Workload, spec: ModelSpec | None = None) -> CheckedWorkloa
             raise InputError(
                 "--lora-targets", f"{', '.join(unknown)} not in {spec.name}; allowed: {', '.join(allowed)}"
             )
+    if spec.kind == "vision" and w.method != "full":
+        # neither the estimate nor the trial's probe puts adapters on a vision model: both would size full
+        # fine-tuning under a LoRA label
+        why = f"{w.method} adapters are modelled for language models; {spec.name} is a vision model: allowed: full"
+        raise InputError("--method", why)
     if spec.kind == "vision" and spec.model_type == "vit" and not spec.vision.get("transformers"):
         # torchvision's VisionTransformer asserts this when it is built (transformers' encoders interpolate instead)
         p = int(spec.vision["patch_size"])
