@@ -140,6 +140,27 @@ def test_lora_on_a_vision_model_is_refused(capsys: pytest.CaptureFixture[str]) -
     assert "vision model" in line and "allowed: full" in line
 
 
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["vit_b_16", "--task", "train", "--seq", "512"], "--seq"),
+        (["llama-3.2-1b", "--image-size", "512"], "--image-size"),
+        (["vit_b_16", "--task", "infer", "--new-tokens", "5"], "--new-tokens"),
+        (["llama-3.2-1b", "--new-tokens", "5"], "--new-tokens"),
+        (["llama-3.2-1b", "--task", "infer", "--grad-accum", "4"], "--grad-accum"),
+    ],
+)
+def test_a_flag_with_no_effect_on_the_job_warns(capsys: pytest.CaptureFixture[str], args: list[str], flag: str) -> None:
+    code, _, err = run(capsys, "estimate", *args, "--json")
+    assert code == 0 and f"gpuready: warning: {flag}: ignored: " in err, err
+
+
+def test_checkpointing_a_vision_model_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    # neither the estimate nor the probe checkpoints a vision model: the flag would be silently left out
+    line = refused(capsys, "--grad-ckpt", "estimate", "vit_b_16", "--task", "train", "--grad-ckpt")
+    assert "upper bound" in line
+
+
 def test_lora_flags_with_full_fine_tuning_warn(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "estimate", "gpt2", "--lora-targets", "c_attn", "--json")
     assert code == 0 and "warning: --lora-targets/--lora-r: ignored with --method full" in err

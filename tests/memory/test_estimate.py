@@ -155,6 +155,17 @@ def test_vision_training_counts_feature_maps() -> None:
     assert big.breakdown["activations"] / small.breakdown["activations"] == pytest.approx(4.0, rel=0.05)
 
 
+@pytest.mark.parametrize("model", ["vit_b_16", "vit-base-p16-224", "resnet50"])
+def test_vision_gradient_accumulation_keeps_the_gradients_through_the_next_micro_batch(model: str) -> None:
+    """The probe accumulates over `grad_accum` micro-batches: the gradients of the first stay while the second runs
+    (each new one is added into .grad in place), so the allocated peak rises by up to the gradients' bytes; from the
+    second micro-batch on every one is the same."""
+    one, two, four = (est(model=model, batch=32, precision="bf16", grad_accum=n) for n in (1, 2, 4))
+    rise = two.peak_allocated_bytes - one.peak_allocated_bytes
+    assert 0 < rise <= one.params * 2
+    assert four.peak_allocated_bytes == two.peak_allocated_bytes
+
+
 def test_reserved_is_at_least_allocated_and_device_adds_the_context() -> None:
     e = est(model="llama-3.2-1b", batch=2, seq=1024)
     assert e.peak_reserved_bytes >= e.peak_allocated_bytes

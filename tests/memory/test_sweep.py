@@ -114,7 +114,7 @@ def test_a_sweep_of_another_variable_keeps_the_rest_of_the_job() -> None:
 @pytest.mark.parametrize(
     ("fields", "variable", "word"),
     [
-        ({"model": "gpt2"}, "image_size", "vision models only"),
+        ({"model": "gpt2"}, "image_size", "sizes vision models"),
         ({"model": "resnet50"}, "seq", "image_size"),
         ({"model": "gpt2"}, "new_tokens", "--task infer"),
         ({"model": "gpt2"}, "lora_r", "--method lora"),

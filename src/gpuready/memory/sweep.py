@@ -19,9 +19,9 @@ from collections.abc import Iterable
 from gpuready.errors import InputError
 from gpuready.memory.estimate import estimate, expect_many_batches, fsdp_meta_init
 from gpuready.memory.result import MemoryEstimate
-from gpuready.models import ModelSpec, resolve_model
+from gpuready.models import resolve_model
 from gpuready.workload import Workload, make_workload
-from gpuready.workload.validate import CheckedWorkload, check_workload
+from gpuready.workload.validate import CheckedWorkload, check_workload, does_not_apply
 
 # the workload fields a sweep may vary, one at a time (those `trial --sweep` measures: trial/sweep.py)
 SWEEPABLE = ("batch", "seq", "new_tokens", "image_size", "lora_r", "grad_accum")
@@ -102,22 +102,6 @@ def estimate_batches(
     return [r for r in results if r is not None]
 
 
-def _does_not_apply(spec: ModelSpec, workload: Workload, variable: str) -> str | None:
-    """Why sweeping `variable` would not change `workload`'s memory (a flat sweep that reads as a finding), or None."""
-    vision = spec.kind == "vision"
-    if variable == "image_size" and not vision:
-        return "image_size changes vision models only; sweep seq for a language model"
-    if variable == "seq" and vision:
-        return "a vision model takes images: sweep image_size"
-    if variable == "new_tokens" and workload.training:
-        return "new_tokens are generated tokens, for --task infer"
-    if variable == "lora_r" and workload.method == "full":
-        return "lora_r is the adapters' rank, for --method lora or qlora"
-    if variable == "grad_accum" and not workload.training:
-        return "grad_accum is for training"
-    return None
-
-
 def checked_sweep(workload: Workload, variable: str, values: Iterable[int]) -> list[CheckedWorkload]:
     """`workload` with `variable` set to each of `values`, each read against its model as the flags are
     (workload/validate.py: InputError for a value the model does not allow, warnings to show). InputError too for a
@@ -125,7 +109,7 @@ def checked_sweep(workload: Workload, variable: str, values: Iterable[int]) -> l
     if variable not in SWEEPABLE:
         raise InputError("--sweep", f"{variable!r}: one of {', '.join(SWEEPABLE)}")
     spec = resolve_model(workload.model, workload.as_family)
-    why = _does_not_apply(spec, workload, variable)
+    why = does_not_apply(spec, workload, variable)
     if why:
         raise InputError("--sweep", why)
     order = list(values)

@@ -357,37 +357,43 @@ def vision_program(spec: ModelSpec, w: Workload) -> Program:
     ready_order: list[int] = []
     for step in range(3):
         prog.mark_step()
-        prog.set_phase("forward")
-        if step == 1 and ddp:
-            ddp.rebuild(ready_order)
-        # (the ViTs make their weight copies layer by layer: _vit_forward, hf_forward)
-        casts = prog.alloc("autocast_weight_copies", spec.params * 2) if dt.autocast and resnet else 0
-        # a ViT's first step makes the forward's cuBLAS handle workspace at its first Linear, kept, and the backward
-        # thread's (h30_hf_vitb_bf16_b128, h29_vit_l16_mixed_b32: two 32 MiB segments)
-        first = step == 0 and not resnet
-        saved = _resnet_forward(prog, spec, w) if resnet else vit(prog, spec, w, workspace=first)
-        ready_order = [wgrad for _, _, wgrad, _ in reversed(saved) if wgrad]
-        logits = prog.alloc("logits_and_loss", w.batch * 1000 * 4)
-        prog.set_phase("backward")
         grads: list[int] = []
-        current = prog.alloc("activations", w.batch * 1000 * 4)
-        if first:  # autograd's backward thread has a cuBLAS handle (and workspace) of its own
-            prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
-        prog.free(logits)
-        if step == 1 and ddp:
-            ddp.release_first()
-        for handle, grad, wgrad, reduce in reversed(saved):
-            if wgrad:
-                grads.append(prog.alloc("gradients", wgrad))
-            new = prog.alloc("activations", grad) if grad else 0
-            if reduce:
-                prog.transient("activations", reduce)
-            prog.free(handle)
-            if new:
-                prog.free(current)
-                current = new
-        prog.free(current)
-        prog.free(casts)
+        # gradient accumulation (the probe's loop): the weights' gradients made in the first micro-batch's backward
+        # stay through the next micro-batch; there each new gradient is made, added into .grad in place and freed.
+        # Two micro-batches show everything: the third and later repeat the second.
+        for micro in range(min(w.grad_accum, 2)):
+            prog.set_phase("forward")
+            if step == 1 and micro == 0 and ddp:
+                ddp.rebuild(ready_order)
+            # (the ViTs make their weight copies layer by layer: _vit_forward, hf_forward)
+            casts = prog.alloc("autocast_weight_copies", spec.params * 2) if dt.autocast and resnet else 0
+            # a ViT's first step makes the forward's cuBLAS handle workspace at its first Linear, kept, and the
+            # backward thread's (h30_hf_vitb_bf16_b128, h29_vit_l16_mixed_b32: two 32 MiB segments)
+            first = step == 0 and micro == 0 and not resnet
+            saved = _resnet_forward(prog, spec, w) if resnet else vit(prog, spec, w, workspace=first)
+            ready_order = [wgrad for _, _, wgrad, _ in reversed(saved) if wgrad]
+            logits = prog.alloc("logits_and_loss", w.batch * 1000 * 4)
+            prog.set_phase("backward")
+            current = prog.alloc("activations", w.batch * 1000 * 4)
+            if first:  # autograd's backward thread has a cuBLAS handle (and workspace) of its own
+                prog.alloc("cublas_workspaces", CUBLAS_WORKSPACE_BYTES)
+            prog.free(logits)
+            if step == 1 and micro == 0 and ddp:
+                ddp.release_first()
+            for handle, grad, wgrad, reduce in reversed(saved):
+                if wgrad and micro == 0:
+                    grads.append(prog.alloc("gradients", wgrad))
+                elif wgrad:
+                    prog.transient("gradients", wgrad)
+                new = prog.alloc("activations", grad) if grad else 0
+                if reduce:
+                    prog.transient("activations", reduce)
+                prog.free(handle)
+                if new:
+                    prog.free(current)
+                    current = new
+            prog.free(current)
+            prog.free(casts)
         prog.set_phase("optimizer step")
         state = optimizer_step(prog, w.optim, trainable, state)
         prog.free_all(grads)

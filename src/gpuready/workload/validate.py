@@ -40,6 +40,25 @@ def lora_target_names(spec: ModelSpec) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def does_not_apply(spec: ModelSpec, workload: Workload, variable: str) -> str | None:
+    """Why `variable` (a workload field) does not change `workload`'s memory, or None: a flag given where it has no
+    effect is a warning, a sweep over it (memory/sweep.py) an error (a flat sweep would read as a finding)."""
+    vision = spec.kind == "vision"
+    if variable == "image_size" and not vision:
+        return "image_size sizes vision models; a language model's length is seq"
+    if variable == "seq" and vision:
+        return "a vision model takes images; their size is image_size"
+    if variable == "new_tokens" and workload.training:
+        return "new_tokens are generated tokens, for --task infer"
+    if variable == "new_tokens" and vision:
+        return "a vision model generates no tokens"
+    if variable == "lora_r" and workload.method == "full":
+        return "lora_r is the adapters' rank, for --method lora or qlora"
+    if variable == "grad_accum" and not workload.training:
+        return "grad_accum is for training"
+    return None
+
+
 def check_workload(w: Workload, spec: ModelSpec | None = None) -> CheckedWorkload:
     spec = spec or model_spec(w)
     warnings: list[str] = []
@@ -55,6 +74,14 @@ def check_workload(w: Workload, spec: ModelSpec | None = None) -> CheckedWorkloa
             raise InputError(
                 "--lora-targets", f"{', '.join(unknown)} not in {spec.name}; allowed: {', '.join(allowed)}"
             )
+    for name in ("image_size", "seq", "new_tokens", "lora_r", "grad_accum"):
+        why = does_not_apply(spec, w, name) if name in w.model_fields_set else None
+        if why and not (name == "lora_r" and w.method == "full"):  # (that one has its own warning above)
+            warnings.append(f"--{name.replace('_', '-')}: ignored: {why}")
+    if spec.kind == "vision" and w.training and w.grad_ckpt:
+        # neither the estimate nor the trial's probe checkpoints a vision model
+        why = f"activation checkpointing is modelled for language models; {spec.name} is a vision model (drop it: the "
+        raise InputError("--grad-ckpt", why + "estimate without it is an upper bound)")
     if spec.kind == "vision" and w.method != "full":
         # neither the estimate nor the trial's probe puts adapters on a vision model: both would size full
         # fine-tuning under a LoRA label
