@@ -37,6 +37,7 @@ def test_defaults_follow_the_contract() -> None:
         ({"kbit_prep": True, "method": "lora", "autocast": True}, "--kbit-prep", "--method qlora"),
         ({"kbit_prep": True, "method": "qlora"}, "--kbit-prep", "--autocast"),
         ({"lora_dtype": "bf16", "method": "full"}, "--lora-dtype", "--method lora"),
+        ({"attn": "flash", "precision": "fp32"}, "--attn", "sdpa or eager"),
         ({"lora_dtype": "bf16", "method": "lora", "precision": "fp16"}, "--lora-dtype", "--precision bf16"),
         ({"colour": "red"}, "colour", "allowed"),
     ],

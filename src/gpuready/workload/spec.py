@@ -114,6 +114,9 @@ def _consistency_error(values: dict[str, Any]) -> str | None:
             "precision: QLoRA's base weights are 4-bit, computed in bf16, fp16 or fp32; "
             "mixed (fp32 weights) does not apply"
         )
+    if values["attn"] == "flash" and values["precision"] == "fp32":
+        # flash-attn (transformers' flash_attention_2) and SDPA's flash kernel take fp16/bf16 only
+        return "attn: flash attention runs in bf16 or fp16; with --precision fp32 use sdpa or eager"
     if values["shard"] != "none" and values["gpus"] < 2:
         return f"shard: --shard {values['shard']} needs --gpus 2 or more"
     return None
