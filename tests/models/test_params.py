@@ -59,6 +59,29 @@ def test_transformers_vision_params_match_the_model_the_probe_builds(name: str) 
     assert resolve_model(name).params == sum(p.numel() for p in model.parameters())
 
 
+@pytest.mark.torch
+@pytest.mark.parametrize("name", HF_VISION_PRESETS)
+def test_the_estimators_vision_tensors_are_the_models_parameters_and_buffers(name: str) -> None:
+    """memory/vision_weights.py makes a transformers encoder's parameters tensor by tensor (so the optimizer's states
+    and temporaries too): the same tensors as the model the probe builds, and its buffers (SigLIP's int64 position
+    ids) by their bytes; SigLIP's in the model's own order (ViT's and DINOv2's follow their history's allocation
+    order instead)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from gpuready.memory.vision_weights import hf_vision_tensors
+
+    preset = find_preset(name)
+    assert preset is not None
+    with torch.device("meta"):
+        model = build_transformers_vision(transformers, preset.config, torch.float32)
+    real = [p.numel() for p in model.parameters()]
+    ours, buffers = hf_vision_tensors(resolve_model(name))
+    assert sorted(ours) == sorted(real)
+    assert buffers == [b.numel() * b.element_size() for b in model.buffers()]
+    if preset.config["model_type"] == "siglip_vision_model":
+        assert ours == real
+
+
 def test_transformers_vision_presets_cover_vit_dinov2_and_siglip() -> None:
     types = {find_preset(n).config["model_type"] for n in HF_VISION_PRESETS}  # type: ignore[union-attr]
     assert types == {"vit", "dinov2", "siglip_vision_model"}
