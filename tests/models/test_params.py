@@ -50,22 +50,10 @@ def test_language_model_params_match_transformers(name: str) -> None:
 @pytest.mark.torch
 @pytest.mark.parametrize("name", HF_VISION_PRESETS)
 def test_transformers_vision_params_match_the_model_the_probe_builds(name: str) -> None:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    preset = find_preset(name)
-    assert preset is not None
-    with torch.device("meta"):
-        model = build_transformers_vision(transformers, preset.config, torch.float32)
-    assert resolve_model(name).params == sum(p.numel() for p in model.parameters())
-
-
-@pytest.mark.torch
-@pytest.mark.parametrize("name", HF_VISION_PRESETS)
-def test_the_estimators_vision_tensors_are_the_models_parameters_and_buffers(name: str) -> None:
-    """memory/vision_weights.py makes a transformers encoder's parameters tensor by tensor (so the optimizer's states
-    and temporaries too): the same tensors as the model the probe builds, and its buffers (SigLIP's int64 position
-    ids) by their bytes; SigLIP's in the model's own order (ViT's and DINOv2's follow their history's allocation
-    order instead)."""
+    """The parameter count, and memory/vision_weights.py's tensors (the estimator makes a transformers encoder's
+    parameters tensor by tensor, so the optimizer's states and temporaries too): the same tensors as the model the
+    probe builds, and its buffers (SigLIP's int64 position ids) by their bytes; SigLIP's in the model's own order
+    (ViT's and DINOv2's follow their history's allocation order instead)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from gpuready.memory.vision_weights import hf_vision_tensors
@@ -75,6 +63,7 @@ def test_the_estimators_vision_tensors_are_the_models_parameters_and_buffers(nam
     with torch.device("meta"):
         model = build_transformers_vision(transformers, preset.config, torch.float32)
     real = [p.numel() for p in model.parameters()]
+    assert resolve_model(name).params == sum(real)
     ours, buffers = hf_vision_tensors(resolve_model(name))
     assert sorted(ours) == sorted(real)
     assert buffers == [b.numel() * b.element_size() for b in model.buffers()]
