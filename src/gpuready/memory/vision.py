@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from gpuready.memory.ddp import DdpBuckets
 from gpuready.memory.dtypes import dtypes_for
-from gpuready.memory.lm.ops import CUBLAS_WORKSPACE_BYTES, reduce_buffer_bytes
+from gpuready.memory.lm.ops import CUBLAS_WORKSPACE_BYTES
 from gpuready.memory.optimizer import optimizer_step
 from gpuready.memory.program import Program
-from gpuready.memory.vision_hf import Saved, hf_forward, hf_nograd, mlp_nograd, patch_embedding
+from gpuready.memory.vision_hf import Kept, Saved, hf_forward, hf_nograd, mlp_nograd, patch_embedding
 from gpuready.memory.vision_weights import load_for_inference, load_weights
 from gpuready.models.spec import ModelSpec
 from gpuready.models.vision import resnet_convs
@@ -107,22 +107,16 @@ def _vit_forward(prog: Program, spec: ModelSpec, w: Workload, workspace: bool = 
     B, img = w.batch, w.image_size
     hdim, mlp, p = cfg["hidden_dim"], cfg["mlp_dim"], cfg["patch_size"]
     T = B * ((img // p) ** 2 + 1)
-    saved: list[Saved] = []
-
-    def save(nbytes: int, grad: int = 0, wgrad: int = 0, outputs: int = 0) -> None:
-        """`outputs`: the Linear's output features when its bias gradient is summed over the tokens (as
-        hf_forward's; h29_vit_l16_mixed_b32 shows the buffers of in_proj, out_proj, fc1 and fc2)"""
-        reduce = reduce_buffer_bytes(outputs, T) if outputs else 0
-        saved.append((prog.alloc("activations", nbytes), grad, wgrad, reduce))
+    # (every Linear's bias gradient takes its reduction buffer: h29_vit_l16_mixed_b32 shows in_proj's, out_proj's,
+    # fc1's and fc2's)
+    kept = Kept(prog, T)
+    save = kept.save
 
     def copy(numel: int) -> None:
-        """Under autocast, a layer's bf16 weight copy made where it first runs and kept for its backward (the
-        recorded history h29_vit_l16_mixed_b32, as a language model's linears: memory/lm/blocks_train.py)."""
-        if dt.autocast:
-            saved.append((prog.alloc("autocast_weight_copies", numel * 2), 0, 0, 0))
+        kept.copy(numel, dt.autocast)
 
     # conv_proj's output lives until the class token is concatenated to its patches (h29_vit_l16_mixed_b32)
-    patches = patch_embedding(prog, dt, B, img, p, hdim, saved)
+    patches = patch_embedding(kept, dt, B, img, p, hdim)
     x = prog.alloc("activations", T * hdim * r)  # class token + patches (held to the end of the forward)
     prog.free(patches)
     embedded = prog.alloc("activations", T * hdim * r)  # + positions
@@ -145,7 +139,7 @@ def _vit_forward(prog: Program, spec: ModelSpec, w: Workload, workspace: bool = 
 
     res = embedded  # the residual stream: the embeddings, then each block's sums (each kept by the next norm)
     for layer in range(cfg["num_layers"]):
-        saved.append((res, T * hdim * r, 0, 0))  # ln_1's input
+        kept.keep(res, T * hdim * r)  # ln_1's input
         y = layer_norm(layer > 0)
         copy(3 * hdim * hdim)
         # in_proj reads the norm's output through the transposed view nn.MultiheadAttention (batch_first) takes; its
@@ -166,20 +160,20 @@ def _vit_forward(prog: Program, spec: ModelSpec, w: Workload, workspace: bool = 
         # (16-bit) writes its output in q's layout, which is that order, so no copy is made (h29_vit_l16_mixed_b32);
         # the fp32 kernel's (batch, tokens, ...) output is copied
         if flash:
-            saved.append((0, T * hdim * e, hdim * hdim * dt.param, reduce_buffer_bytes(hdim, T)))
+            kept.keep(0, T * hdim * e, hdim * hdim * dt.param, hdim)
         else:
             save(T * hdim * e, T * hdim * e, hdim * hdim * dt.param, hdim)
         out = prog.alloc("activations", T * hdim * e)  # out_proj's output, until the residual add
         prog.free(y)
         res = prog.alloc("activations", T * hdim * r)
         prog.free(out)
-        saved.append((res, T * hdim * r, 0, 0))  # ln_2's input
+        kept.keep(res, T * hdim * r)  # ln_2's input
         y = layer_norm(True)
         copy(hdim * mlp)
         if ac:
             save(T * hdim * 2, 0, hdim * mlp * dt.param, mlp)  # fc1's input, cast to bf16
         else:
-            saved.append((y, 0, hdim * mlp * dt.param, reduce_buffer_bytes(mlp, T)))
+            kept.keep(y, 0, hdim * mlp * dt.param, mlp)
         save(T * mlp * e, T * mlp * e)  # GELU input
         copy(mlp * hdim)
         save(T * mlp * e, T * mlp * e, mlp * hdim * dt.param, hdim)  # fc2 input
@@ -188,16 +182,16 @@ def _vit_forward(prog: Program, spec: ModelSpec, w: Workload, workspace: bool = 
             prog.free(y)
         res = prog.alloc("activations", T * hdim * r)
         prog.free(out)
-    saved.append((res, T * hdim * r, 0, 0))  # the final norm's input
+    kept.keep(res, T * hdim * r)  # the final norm's input
     y = layer_norm(True)
     copy(hdim * 1000)
     if ac:  # the head reads the class token (a view), cast to bf16: that copy is kept, the norm's output is not
         save(B * hdim * 2, 0, hdim * 1000 * dt.param)
         prog.free(y)
     else:  # the head keeps the view, and so the whole normed output
-        saved.append((y, 0, hdim * 1000 * dt.param, 0))
+        kept.keep(y, 0, hdim * 1000 * dt.param)
     prog.free(x)
-    return saved
+    return kept.saved
 
 
 # -- inference: torch.no_grad() over a model left in train mode (the probe's `model(x)` twice) ----------------------

@@ -18,6 +18,30 @@ from gpuready.workload import Workload
 Saved = tuple[int, int, int, int]
 
 
+class Kept:
+    """What a vision forward keeps for its backward, in forward order (`saved`), over `rows` tokens."""
+
+    def __init__(self, prog: Program, rows: int) -> None:
+        self.prog, self.rows = prog, rows
+        self.saved: list[Saved] = []
+
+    def keep(self, handle: int, grad: int = 0, wgrad: int = 0, outputs: int = 0, after: int = 0) -> int:
+        """Keep `handle` (0: nothing of its own) for a backward op that makes `grad` and `wgrad` bytes, then takes
+        `after` bytes for a moment, or, for a Linear whose bias gradient sums its `outputs` over the rows, that
+        reduction's buffer; returns the handle."""
+        self.saved.append((handle, grad, wgrad, reduce_buffer_bytes(outputs, self.rows) if outputs else after))
+        return handle
+
+    def save(self, nbytes: int, grad: int = 0, wgrad: int = 0, outputs: int = 0) -> int:
+        """A new activation of `nbytes`, kept as `keep` says."""
+        return self.keep(self.prog.alloc("activations", nbytes), grad, wgrad, outputs)
+
+    def copy(self, numel: int, autocast: bool) -> None:
+        """Under autocast, a weight's bf16 copy made where its layer first runs and kept for its backward (h29)."""
+        if autocast:
+            self.keep(self.prog.alloc("autocast_weight_copies", numel * 2))
+
+
 def tokens(cfg: dict[str, Any], img: int) -> int:
     return (img // int(cfg["patch_size"])) ** 2 + (1 if cfg.get("cls_token") else 0)
 
@@ -41,17 +65,16 @@ def hf_shape(spec: ModelSpec, w: Workload) -> tuple[Dtypes, int, int, int, int, 
 PATCH_CONV_WORKSPACE = (4, 5)
 
 
-def patch_embedding(prog: Program, dt: Dtypes, B: int, img: int, p: int, h: int, saved: list[Saved]) -> int:
+def patch_embedding(kept: Kept, dt: Dtypes, B: int, img: int, p: int, h: int) -> int:
     """The patch convolution of a ViT in training, up to its output (returned, for the caller to free once the
     embeddings are made): under autocast its weight's bf16 copy and the images' bf16 copy (kept), else the images
     themselves (held by vision_program: nothing made); the output; the workspace, a moment."""
+    prog = kept.prog
     wgrad = 3 * p * p * h * dt.param
     out = B * (img // p) ** 2 * h * dt.act
-    if dt.autocast:
-        saved.append((prog.alloc("autocast_weight_copies", 3 * p * p * h * 2), 0, 0, 0))
-        saved.append((prog.alloc("activations", B * 3 * img * img * 2), 0, wgrad, PATCH_CONV_WORKSPACE[1] * out))
-    else:
-        saved.append((0, 0, wgrad, PATCH_CONV_WORKSPACE[1] * out))
+    kept.copy(3 * p * p * h, dt.autocast)
+    images = prog.alloc("activations", B * 3 * img * img * 2) if dt.autocast else 0
+    kept.keep(images, 0, wgrad, after=PATCH_CONV_WORKSPACE[1] * out)
     handle = prog.alloc("activations", out)
     prog.transient("activations", PATCH_CONV_WORKSPACE[0] * out)
     return handle
@@ -76,18 +99,11 @@ def hf_forward(prog: Program, spec: ModelSpec, w: Workload, workspace: bool = Fa
     T = B * n
     th = T * h * e
     scale = bool(cfg.get("layer_scale"))
-    saved: list[Saved] = []
-
-    def save(nbytes: int, grad: int = 0, wgrad: int = 0, outputs: int = 0) -> int:
-        """`outputs`: the Linear's output features when its bias gradient is summed over the tokens"""
-        reduce = reduce_buffer_bytes(outputs, T) if outputs else 0
-        handle = prog.alloc("activations", nbytes)
-        saved.append((handle, grad, wgrad, reduce))
-        return handle
+    kept = Kept(prog, T)
+    save = kept.save
 
     def copy(numel: int) -> None:
-        if ac:
-            saved.append((prog.alloc("autocast_weight_copies", numel * 2), 0, 0, 0))
+        kept.copy(numel, ac)
 
     # SigLIP has no class token to concatenate: its embeddings are the patch convolution's output viewed transposed
     # plus the positions, a sum that keeps the channel-major layout, and so does every residual sum after it; each
@@ -107,7 +123,7 @@ def hf_forward(prog: Program, spec: ModelSpec, w: Workload, workspace: bool = Fa
     def branch_end(y: int, out: int) -> int:
         """A branch's last output `out` through layer scale (DINOv2) and into the residual add: the new sum."""
         if scale:  # the multiply keeps its input; its product lives until the add
-            saved.append((out, th, 0, 0))
+            kept.keep(out, th)
             out = prog.alloc("activations", T * h * r)
         if ac:
             prog.free(y)  # the norm's output (without autocast a Linear keeps it)
@@ -115,16 +131,16 @@ def hf_forward(prog: Program, spec: ModelSpec, w: Workload, workspace: bool = Fa
         prog.free(out)
         return total
 
-    patches = patch_embedding(prog, dt, B, img, p, h, saved)
+    patches = patch_embedding(kept, dt, B, img, p, h)
     cat = prog.alloc("activations", T * h * r) if cfg.get("cls_token") else 0  # [CLS] + patches
     prog.free(patches)
     res = prog.alloc("activations", T * h * r)  # + positions
     prog.free(cat)
     for layer in range(int(cfg["num_layers"])):
-        saved.append((res, T * h * r, 0, 0))  # layer norm 1's input
+        kept.keep(res, T * h * r)  # layer norm 1's input
         y = norm()
         if not ac:
-            saved.append((y, 0, 3 * h * h * dt.param, reduce_buffer_bytes(h, T)))  # q/k/v input (three reductions)
+            kept.keep(y, 0, 3 * h * h * dt.param, h)  # q/k/v input (three reductions)
         for qkv in range(3):
             if ac:
                 copy(h * h)
@@ -138,18 +154,18 @@ def hf_forward(prog: Program, spec: ModelSpec, w: Workload, workspace: bool = Fa
         save(B * heads * n * 4)  # log-sum-exp
         copy(h * h)
         res = branch_end(y, prog.alloc("activations", th))
-        saved.append((res, T * h * r, 0, 0))  # layer norm 2's input
+        kept.keep(res, T * h * r)  # layer norm 2's input
         y = norm()
         copy(h * mlp)
         if ac:
             save(th, 0, h * mlp * dt.param, mlp)  # fc1's input, cast to bf16
         else:
-            saved.append((y, 0, h * mlp * dt.param, reduce_buffer_bytes(mlp, T)))
+            kept.keep(y, 0, h * mlp * dt.param, mlp)
         save(T * mlp * e, T * mlp * e)  # GELU input
         save(T * mlp * e, T * mlp * e, mlp * h * dt.param, h)  # fc2 input
         copy(mlp * h)
         res = branch_end(y, prog.alloc("activations", th))
-    saved.append((res, T * h * r, 0, 0))  # the final layer norm's input
+    kept.keep(res, T * h * r)  # the final layer norm's input
     y = norm()
     classes = int(cfg.get("num_classes", 0))
     if cfg["head"] == "cls":  # the classifier reads the CLS token, a view that keeps the whole normed output
@@ -158,7 +174,7 @@ def hf_forward(prog: Program, spec: ModelSpec, w: Workload, workspace: bool = Fa
             save(B * h * 2, 0, h * classes * dt.param)
             prog.free(y)
         else:
-            saved.append((y, 0, h * classes * dt.param, 0))
+            kept.keep(y, 0, h * classes * dt.param)
     elif cfg["head"] == "cls_mean":  # cat([CLS, mean of patches]): only the (B, 2h) input is kept
         save(B * 2 * h * e, 0, 2 * h * classes * dt.param)
         prog.free(y)
@@ -173,7 +189,7 @@ def hf_forward(prog: Program, spec: ModelSpec, w: Workload, workspace: bool = Fa
         save(B * h * e * 4, 0, 2 * h * mlp * dt.param)  # the pooled token through its layer norm and MLP
         save(B * mlp * e * 2)
         prog.free(y)
-    return saved
+    return kept.saved
 
 
 def mlp_nograd(prog: Program, norm_bytes: int, hidden_bytes: int, out_bytes: int) -> int:
