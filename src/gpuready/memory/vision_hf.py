@@ -139,8 +139,9 @@ def hf_forward(prog: Program, spec: ModelSpec, w: Workload, workspace: bool = Fa
     for layer in range(int(cfg["num_layers"])):
         kept.keep(res, T * h * r)  # layer norm 1's input
         y = norm()
-        if not ac:
-            kept.keep(y, 0, 3 * h * h * dt.param, h)  # q/k/v input (three reductions)
+        if not ac:  # q/k/v's input, kept once; each projection's weight gradient and bias reduction its own
+            for proj in range(3):
+                kept.keep(0 if proj else y, 0, h * h * dt.param, h)
         for qkv in range(3):
             if ac:
                 copy(h * h)
@@ -182,12 +183,16 @@ def hf_forward(prog: Program, spec: ModelSpec, w: Workload, workspace: bool = Fa
         # (h32_siglip_b_bf16_b64) the packed k/v projection reads the normed tokens through a transposed view, so
         # its matmul keeps a contiguous copy of them; the projection is copied contiguous again for the heads and
         # that copy is kept; the norm's output goes once the head has run
-        save(th, 0, 4 * h * h * dt.param, 2 * h)  # (the k/v bias's gradient: 132 MiB of reduction buffer in h32)
+        # (h35_siglip_so400m_bf16_b24) each weight's gradient is made on its own: the MLP's two, the output
+        # projection's, then the packed in_proj's (its k/v and q parts made for a moment and concatenated); the k/v
+        # bias's gradient takes a reduction buffer (132 MiB in h32)
+        save(th, 0, 3 * h * h * dt.param, 2 * h)
         kv = prog.alloc("activations", 2 * th)
         save(2 * th, 2 * th)
         prog.free(kv)
-        save(B * h * e * 4, 0, 2 * h * mlp * dt.param)  # the pooled token through its layer norm and MLP
-        save(B * mlp * e * 2)
+        save(B * h * e, 0, h * h * dt.param)  # the attention's output, into out_proj
+        save(B * h * e * 4, 0, h * mlp * dt.param)  # the pooled token through its layer norm, into fc1
+        save(B * mlp * e * 2, 0, mlp * h * dt.param)  # the GELU's output, into fc2
         prog.free(y)
     return kept.saved
 
