@@ -425,3 +425,31 @@ def test_vit_training_keeps_what_the_histories_keep(name: str, job: str, rel: fl
     compute = compare_program(doc, vision_program(resolve_model(w.model), w))[0]
     assert compute.program_reserved_bytes == pytest.approx(compute.history_reserved_bytes, rel=rel)
     assert estimate(w).peak_allocated_bytes == pytest.approx(doc["peak_allocated_bytes"], rel=0.015)
+
+
+@pytest.mark.parametrize(
+    ("name", "job"),
+    [
+        ("h36_resnet50_inf_bf16_b2048", "resnet50 --batch 2048 --precision bf16"),
+        ("h36_resnet101_inf_bf16_b1888_cap16", "resnet101 --batch 1888 --precision bf16"),
+        # past 2**31 elements per map: batch norm's fp32 copy of its input (11.96 GiB here); recorded under a 40 GiB
+        # card's cap, where it ran
+        ("h36_resnet50_inf_bf16_b4000_cap40", "resnet50 --batch 4000 --precision bf16"),
+    ],
+)
+def test_resnet_inference_keeps_what_the_histories_keep(name: str, job: str) -> None:
+    """ResNet under no_grad as recorded: each convolution's output, then cuDNN's workspace for it a moment (1.5x the
+    stem's output, 2x a 3x3's, 5x a strided 3x3's, 3x the strided 1x1 projection's), batch norm's output, a block's
+    input until it returns, and from 2**31 elements on batch norm's fp32 copy of its input. Peak allocated against
+    the GPU's; uncapped, the program's replay against the recorded requests'."""
+    from gpuready.memory import estimate
+    from gpuready.memory.vision import vision_program
+    from gpuready.models import resolve_model
+    from gpuready.workload import workload_from_args
+
+    doc = load_history(HISTORIES / f"{name}.json.gz")
+    w = workload_from_args([*job.split(), "--task", "infer"])
+    assert estimate(w).peak_allocated_bytes == pytest.approx(doc["peak_allocated_bytes"], rel=0.002)
+    if "_cap" not in name or name.endswith("cap16"):  # (16 GiB: the cap never bit, 0 segments released)
+        compute = compare_program(doc, vision_program(resolve_model(w.model), w))[0]
+        assert compute.program_reserved_bytes == pytest.approx(compute.history_reserved_bytes, rel=0.002)

@@ -202,8 +202,8 @@ def _traced(workload: Workload) -> _Traced:
     reserved = rep.peak_reserved
     spec = resolve_model(workload.model)
     if spec.model_type == "resnet":
-        # cuDNN's workspaces come from the caching allocator on the GPU, not on CPU: the same cached-workspace
-        # term as the arithmetic mode (memory/vision.py)
+        # cuDNN's workspaces come from the caching allocator on the GPU, not on CPU: a cached-workspace term
+        # (memory/vision.py; the arithmetic mode makes each workspace where its convolution runs)
         from gpuready.memory.vision import cudnn_workspace_bytes
 
         reserved = max(reserved, rep.peak_allocated + cudnn_workspace_bytes(spec, workload))

@@ -28,9 +28,19 @@ from gpuready.workload import Workload
 # largest feature map in each case (../shared/calibration/h200.jsonl, docs/calibration/h200_gpuready.jsonl).
 CUDNN_WORKSPACE_PER_LARGEST_MAP = 6.0
 # Inference (torch.no_grad(), forward convolutions only) needs less: resnet50 bf16, batch 512, measured 4.09 GiB
-# reserved on the H200 (issue 14) over a predicted 2.68 GiB of live tensors: 1.84 largest feature maps. One point,
-# until the recorded history of that job shows the workspaces themselves (benchmarks/jobs_heldout7_a.txt).
+# reserved on the H200 (issue 14) over 2.68 GiB of live tensors: 1.84 largest feature maps. Only the traced mode
+# (memory/trace.py) still takes it so; the arithmetic program makes each workspace (INFER_WORKSPACE_PER_OUTPUT).
 CUDNN_INFER_WORKSPACE_PER_LARGEST_MAP = 1.84
+# Batch norm over a map of at least this many elements (2**31 - 1, past 32-bit indexing) also holds an fp32 copy of its
+# input while it runs (inference histories h36_*: none at 1.64e9 elements, 4 bytes an element at 3.21e9 and 3.25e9)
+BN_LARGE_ELEMENTS = 2**31 - 1
+# cuDNN's workspace for a ResNet convolution under no_grad, a moment after its output is made, as a multiple of the
+# output by (kernel, stride): the H200's inference histories (h36_resnet50_inf_bf16_b2048,
+# h36_resnet101_inf_bf16_b1888_cap16) show the same multiples at every stage but the last: the 7x7/2 stem 1.5x,
+# 3x3 2.0x, 3x3/2 5.0x, the 1x1/2 projection 3.0x, 1x1 none (on the last stage's 7x7 maps 1x1 takes 1.25-2.05x,
+# left out: 0.2-0.5 GiB at 2048 images). Past 2**31 input elements cuDNN picks otherwise (h36_*_b4000_cap40: 1x1
+# convolutions 2-3.3x, the stem 1.0x).
+INFER_WORKSPACE_PER_OUTPUT = {(7, 2): 1.5, (3, 1): 2.0, (3, 2): 5.0, (1, 2): 3.0}
 
 
 def cudnn_workspace_bytes(spec: ModelSpec, w: Workload) -> int:
@@ -210,10 +220,27 @@ def _resnet_nograd(prog: Program, spec: ModelSpec, w: Workload, first: bool) -> 
         conv, scale = convs[k]
         return B * conv.cout * _side(img, scale) ** 2 * e
 
+    def batch_norm(k: int) -> int:
+        """Batch norm's output over conv k's; from 2**31 elements on, the op also holds an fp32 copy of its input
+        while it runs (histories h36_resnet50_inf_bf16_b4000_cap40 and _b4050: 11.96 and 12.11 GiB over the stem's
+        64 x 112 x 112 maps, none at 2048 images)."""
+        out = prog.alloc("activations", out_bytes(k))
+        if out_bytes(k) // e >= BN_LARGE_ELEMENTS:
+            prog.transient("activations", out_bytes(k) // e * 4)
+        return out
+
+    def conv(k: int) -> int:
+        """Conv k's output, and cuDNN's workspace for it, a moment."""
+        out = prog.alloc("activations", out_bytes(k))
+        ratio = INFER_WORKSPACE_PER_OUTPUT.get((convs[k][0].kernel, convs[k][0].stride), 0.0)
+        if ratio:
+            prog.transient("cudnn_workspaces", int(ratio * out_bytes(k)))
+        return out
+
     cast = prog.alloc("activations", B * 3 * img * img * 2) if dt.autocast else 0
-    c = prog.alloc("activations", out_bytes(0))
+    c = conv(0)
     prog.free(cast)
-    b = prog.alloc("activations", out_bytes(0))
+    b = batch_norm(0)
     prog.free(c)
     pooled = B * convs[0][0].cout * _side(img, 4) ** 2
     x = prog.alloc("activations", pooled * e)
@@ -224,16 +251,16 @@ def _resnet_nograd(prog: Program, spec: ModelSpec, w: Workload, first: bool) -> 
         inp = x
         prev = inp
         for j in range(per_block):
-            c = prog.alloc("activations", out_bytes(k + j))
+            c = conv(k + j)
             if prev != inp:
                 prog.free(prev)
-            bn = prog.alloc("activations", out_bytes(k + j))
+            bn = batch_norm(k + j)
             prog.free(c)
             prev = bn
         k += per_block
         if k < len(convs) and convs[k][0].downsample:
-            dc = prog.alloc("activations", out_bytes(k))
-            db = prog.alloc("activations", out_bytes(k))
+            dc = conv(k)
+            db = batch_norm(k)
             prog.free(dc)
             prog.free(db)  # added in place into the block's output, then dropped with the block
             k += 1
@@ -309,8 +336,6 @@ def _vit_nograd(prog: Program, spec: ModelSpec, w: Workload, first: bool) -> Non
 
 def _inference_program(spec: ModelSpec, w: Workload) -> Program:
     prog = Program()
-    if spec.model_type == "resnet":
-        prog.cached_outside_bytes = cudnn_workspace_bytes(spec, w)
     dt = dtypes_for(w)
     load_for_inference(prog, spec, w)
     prog.set_phase("forward")
