@@ -41,6 +41,9 @@ BN_LARGE_ELEMENTS = 2**31 - 1
 # left out: 0.2-0.5 GiB at 2048 images). Past 2**31 input elements cuDNN picks otherwise (h36_*_b4000_cap40: 1x1
 # convolutions 2-3.3x, the stem 1.0x).
 INFER_WORKSPACE_PER_OUTPUT = {(7, 2): 1.5, (3, 1): 2.0, (3, 2): 5.0, (1, 2): 3.0}
+# ... and the stem's and a 1x1's when its input or output has 2**31 elements or more: the largest workspace those
+# histories record there, the stem's at both 4000 and 4050 images (the 1x1s took 5.37e9 and 6.44e9 bytes)
+LARGE_CONV_WORKSPACE = 6_440_240_144
 
 
 def cudnn_workspace_bytes(spec: ModelSpec, w: Workload) -> int:
@@ -229,12 +232,21 @@ def _resnet_nograd(prog: Program, spec: ModelSpec, w: Workload, first: bool) -> 
             prog.transient("activations", out_bytes(k) // e * 4)
         return out
 
+    def in_elements(k: int) -> int:
+        if k == 0:
+            return B * 3 * img * img
+        conv, scale = convs[k]
+        return B * conv.cin * _side(img, scale // conv.stride) ** 2
+
     def conv(k: int) -> int:
         """Conv k's output, and cuDNN's workspace for it, a moment."""
         out = prog.alloc("activations", out_bytes(k))
-        ratio = INFER_WORKSPACE_PER_OUTPUT.get((convs[k][0].kernel, convs[k][0].stride), 0.0)
-        if ratio:
-            prog.transient("cudnn_workspaces", int(ratio * out_bytes(k)))
+        kernel, stride = convs[k][0].kernel, convs[k][0].stride
+        ws = int(INFER_WORKSPACE_PER_OUTPUT.get((kernel, stride), 0.0) * out_bytes(k))
+        if kernel in (1, 7) and max(in_elements(k), out_bytes(k) // e) >= BN_LARGE_ELEMENTS:
+            ws = LARGE_CONV_WORKSPACE
+        if ws:
+            prog.transient("cudnn_workspaces", ws)
         return out
 
     cast = prog.alloc("activations", B * 3 * img * img * 2) if dt.autocast else 0
