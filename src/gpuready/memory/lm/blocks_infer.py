@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from gpuready.memory.lm import nf4
 from gpuready.memory.lm.context import Ctx, layer_lora, mlp_width
 from gpuready.memory.lm.moe import (
@@ -155,7 +157,7 @@ def block_nograd(
     if spec.model_type == "gpt2":
         return _gpt2_block_nograd(prog, ctx, x, cache_kv, keep_input)
     if spec.model_type == "gpt_neox" and spec.parallel_residual:
-        return _neox_block_nograd(prog, ctx, x, cache_kv, keep_input)
+        return _neox_block_nograd(prog, ctx, x, cache_kv, keep_input, peft)
     if spec.mla:
         return _mla_block_nograd(prog, ctx, x, layer, cache_kv, keep_input, decode, context or T)
     normed = norm()
@@ -380,19 +382,27 @@ def _moe_nograd(prog: Program, ctx: Ctx, decode: bool) -> int:
     return out
 
 
-def _neox_block_nograd(prog: Program, ctx: Ctx, x: int, cache_kv: bool, keep_input: bool) -> tuple[int, list[int]]:
+def _neox_block_nograd(
+    prog: Program, ctx: Ctx, x: int, cache_kv: bool, keep_input: bool, peft: Callable[[str, int, int], int]
+) -> tuple[int, list[int]]:
     """GPTNeoXLayer without autograd, as transformers runs it: LayerNorm (one output), the fused query_key_value
     (q, k, v are views of it until the attention returns), rotary on the first rotary_dims of each head
     (q_rot * cos + rotate_half(q_rot) * sin, then torch.cat with the pass-through part), the cache's own copies of
     K and V, the kernel's output and its transposed copy, dense; then the parallel MLP on a second LayerNorm of the
-    same input (dense_h_to_4h, GELU, dense_4h_to_h) and mlp + attention + input."""
+    same input (dense_h_to_4h, GELU, dense_4h_to_h) and mlp + attention + input. `peft(name, base output, bytes)`:
+    an adapted linear's output through peft's adapter (a checkpointed LoRA layer's first pass: the recorded history
+    h37_lora_pythia1b_ckpt_b8 shows each of the four linears' fp32 copy of its input and fp32 lora_B output)."""
     spec, dt, T = ctx.spec, ctx.dt, ctx.tokens
     h, e, r = spec.hidden, dt.act, dt.resid
     w = spec.heads * spec.head_dim
     rot = spec.heads * (spec.rotary_dims or spec.head_dim)
     alloc, free = prog.alloc, prog.free
+
+    def linear(name: str, nbytes: int) -> int:
+        return peft(name, alloc("activations", nbytes), nbytes)
+
     ln1 = alloc("activations", T * h * r)
-    qkv = alloc("activations", T * 3 * w * e)
+    qkv = linear("query_key_value", T * 3 * w * e)
 
     q_rot, k_rot = rope(prog, T, rot, e), rope(prog, T, rot, e)
     q = alloc("activations", T * w * e)  # torch.cat((q_embed, q_pass), dim=-1)
@@ -404,17 +414,17 @@ def _neox_block_nograd(prog: Program, ctx: Ctx, x: int, cache_kv: bool, keep_inp
     prog.transient("activations", T * spec.heads * 4)  # the kernel's log-sum-exp
     out_t = alloc("activations", T * w * e)  # transpose(1, 2).contiguous()
     free(out)
-    attn = alloc("activations", T * h * e)  # dense
+    attn = linear("dense", T * h * e)
     free(out_t)
     free(q)
     free(k)
     free(qkv)
     free(ln1)
     ln2 = alloc("activations", T * h * r)
-    fc = alloc("activations", T * spec.intermediate * e)
+    fc = linear("dense_h_to_4h", T * spec.intermediate * e)
     act = alloc("activations", T * spec.intermediate * e)
     free(fc)
-    mlp = alloc("activations", T * h * e)
+    mlp = linear("dense_4h_to_h", T * h * e)
     free(act)
     free(ln2)
     s1 = alloc("activations", T * h * r)  # mlp_output + attn_output

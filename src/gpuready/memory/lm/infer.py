@@ -8,6 +8,7 @@ from gpuready.memory.lm.blocks_infer import block_nograd
 from gpuready.memory.lm.context import make_ctx
 from gpuready.memory.lm.loss import (
     Sampler,
+    softcap_nograd,
 )
 from gpuready.memory.lm.memo import (
     SpanMemo,
@@ -85,11 +86,13 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
         prog.free_all(tables)
         if w.new_tokens == 0:
             logits = prog.alloc("logits_and_loss", B * S * V * e)  # every position's logits
+            if spec.logit_softcap:
+                logits = softcap_nograd(prog, logits, B * S * V * e)
             prog.free(normed)
             prog.free(logits)
             prog.free_all(cache)
             continue
-        sampler = Sampler(prog, B, V, e)
+        sampler = Sampler(prog, B, V, e, spec.logit_softcap)
         sampler.step()  # generate asks for the last position's logits only
         prog.free(normed)
         prog.set_phase("decode")

@@ -94,6 +94,17 @@ def logits_and_loss_backward(prog: Program, ctx: Ctx, kept: list[int]) -> int:
     return g3
 
 
+def softcap_nograd(prog: Program, logits: int, nbytes: int) -> int:
+    """Gemma 2's final logit soft-capping without autograd (modeling_gemma2.py: logits / cap, tanh, * cap), each
+    a new tensor that replaces the one before, so two logits tensors are live at once (the recorded history
+    h37_prefill_gemma2_27b_b2: 2000 MiB each at 2 x 2048 tokens). Returns the capped logits."""
+    for _ in range(3):
+        new = prog.alloc("logits_and_loss", nbytes)
+        prog.free(logits)
+        logits = new
+    return logits
+
+
 class Sampler:
     """generate()'s greedy sampling after each forward, as the recorded history of gen_llama1b_fp16 shows it
     (transformers generation/utils.py `_sample` and logits_process.py): lm_head's output for the last position;
@@ -101,14 +112,17 @@ class Sampler:
     processors the probe's `min_new_tokens` adds, each a `scores.clone()`-sized fp32 tensor, a torch.where
     result and an int64 vocabulary index, the last result kept until the next step's processors are done."""
 
-    def __init__(self, prog: Program, batch: int, vocab: int, act: int) -> None:
+    def __init__(self, prog: Program, batch: int, vocab: int, act: int, softcap: bool = False) -> None:
         self.prog, self.B, self.V, self.e = prog, batch, vocab, act
+        self.softcap = softcap
         self.logits_copy = 0
         self.scores = 0
 
     def step(self) -> None:
         prog, B, V = self.prog, self.B, self.V
         out = prog.alloc("logits_and_loss", B * V * self.e)
+        if self.softcap:
+            out = softcap_nograd(prog, out, B * V * self.e)
         copy = prog.alloc("logits_and_loss", B * V * 4)
         prog.free(self.logits_copy)
         self.logits_copy = copy
