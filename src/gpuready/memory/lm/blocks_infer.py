@@ -60,14 +60,15 @@ def block_nograd(
     adapted = layer_lora(ctx, layer) if ctx.w.task == "train" and casts is None else frozenset()
     in_features = {lin.name.split(".")[-1]: lin.in_features for lin in spec.block_linears}
 
-    def peft(name: str, base: int, nbytes: int) -> int:
+    def peft(name: str, base: int, nbytes: int, width: int = 0) -> int:
         """peft's lora.Linear.forward after the base layer's output `base` (of `nbytes`), as it runs with nothing
         saved (the first pass of non-reentrant checkpointing: the saved tensors are dropped, so each goes when
         Python drops it): x cast to the adapter's fp32 (the local `x`, alive until forward returns); lora_A's output
         (gone once lora_B has read it); lora_B's output, times the scaling, plus the base output, in fp32, each
         freeing the one before (and the base output once `result` is rebound); the sum cast back, the linear's
         output. The recorded history of qwen3-8b LoRA + checkpointing (lora_qwen3_8b_ckpt): a 192 MiB fp32 copy
-        of down_proj's input per layer at 4096 tokens, whose freed blocks take the checkpointed layer outputs."""
+        of down_proj's input per layer at 4096 tokens, whose freed blocks take the checkpointed layer outputs.
+        `width`: the input's, where two linears share a name (GPT-2's attention and MLP c_proj)."""
         if name not in adapted:
             return base
         if ctx.dt.lora16:
@@ -75,7 +76,7 @@ def block_nograd(
         if adapter_casts is not None:
             return peft_autocast(name, base, nbytes, adapter_casts)
         out = nbytes // e * 4
-        x32 = prog.alloc("activations", T * in_features[name] * 4)
+        x32 = prog.alloc("activations", T * (width or in_features[name]) * 4)
         lora_a = prog.alloc("activations", T * ctx.w.lora_r * 4)
         total = lora_update(prog, lora_a, out, out, base)
         result = prog.alloc("activations", nbytes)
@@ -155,7 +156,7 @@ def block_nograd(
         return out
 
     if spec.model_type == "gpt2":
-        return _gpt2_block_nograd(prog, ctx, x, cache_kv, keep_input)
+        return _gpt2_block_nograd(prog, ctx, x, cache_kv, keep_input, peft)
     if spec.model_type == "gpt_neox" and spec.parallel_residual:
         return _neox_block_nograd(prog, ctx, x, cache_kv, keep_input, peft)
     if spec.mla:
@@ -383,7 +384,7 @@ def _moe_nograd(prog: Program, ctx: Ctx, decode: bool) -> int:
 
 
 def _neox_block_nograd(
-    prog: Program, ctx: Ctx, x: int, cache_kv: bool, keep_input: bool, peft: Callable[[str, int, int], int]
+    prog: Program, ctx: Ctx, x: int, cache_kv: bool, keep_input: bool, peft: Callable[[str, int, int, int], int]
 ) -> tuple[int, list[int]]:
     """GPTNeoXLayer without autograd, as transformers runs it: LayerNorm (one output), the fused query_key_value
     (q, k, v are views of it until the attention returns), rotary on the first rotary_dims of each head
@@ -399,7 +400,7 @@ def _neox_block_nograd(
     alloc, free = prog.alloc, prog.free
 
     def linear(name: str, nbytes: int) -> int:
-        return peft(name, alloc("activations", nbytes), nbytes)
+        return peft(name, alloc("activations", nbytes), nbytes, 0)
 
     ln1 = alloc("activations", T * h * r)
     qkv = linear("query_key_value", T * 3 * w * e)
@@ -437,14 +438,21 @@ def _neox_block_nograd(
     return x2, kept
 
 
-def _gpt2_block_nograd(prog: Program, ctx: Ctx, x: int, cache_kv: bool, keep_input: bool) -> tuple[int, list[int]]:
+def _gpt2_block_nograd(
+    prog: Program, ctx: Ctx, x: int, cache_kv: bool, keep_input: bool, peft: Callable[[str, int, int, int], int]
+) -> tuple[int, list[int]]:
     """GPT-2's block without autograd: LayerNorm, one packed q/k/v projection, learned positions (no RoPE),
     and gelu_new written out in Python (0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*x**3)))), whose temporaries
-    make the MLP's peak four intermediate-sized tensors."""
+    make the MLP's peak four intermediate-sized tensors. `peft`: an adapted Conv1D's output through peft's adapter
+    (a checkpointed LoRA layer's first pass, as for GPT-NeoX: _neox_block_nograd)."""
     spec, dt, T = ctx.spec, ctx.dt, ctx.tokens
     h, e, r, width = spec.hidden, dt.act, dt.resid, spec.intermediate
+
+    def linear(name: str, nbytes: int, fan_in: int) -> int:
+        return peft(name, prog.alloc("activations", nbytes), nbytes, fan_in)
+
     ln = prog.alloc("activations", T * h * r)
-    qkv = prog.alloc("activations", T * 3 * h * e)
+    qkv = linear("c_attn", T * 3 * h * e, h)
     kept = [prog.alloc("kv_cache", T * h * e), prog.alloc("kv_cache", T * h * e)] if cache_kv else []
     attn = prog.alloc("activations", T * h * e)
     prog.transient("activations", T * spec.heads * 4)  # log-sum-exp
@@ -452,12 +460,12 @@ def _gpt2_block_nograd(prog: Program, ctx: Ctx, x: int, cache_kv: bool, keep_inp
     prog.free(attn)
     prog.free(qkv)
     prog.free(ln)
-    o = prog.alloc("activations", T * h * e)
+    o = linear("c_proj", T * h * e, h)
     prog.free(merged)
     x2 = prog.alloc("activations", T * h * r)
     prog.free(o)
     ln = prog.alloc("activations", T * h * r)
-    fc = prog.alloc("activations", T * width * e)
+    fc = linear("c_fc", T * width * e, h)
     prog.free(ln)
     half = prog.alloc("activations", T * width * e)  # 0.5 * x
     cube = prog.alloc("activations", T * width * e)  # x ** 3
@@ -471,7 +479,7 @@ def _gpt2_block_nograd(prog: Program, ctx: Ctx, x: int, cache_kv: bool, keep_inp
     prog.free(half)
     prog.free(t)
     prog.free(fc)
-    down = prog.alloc("activations", T * h * e)
+    down = linear("c_proj", T * h * e, width)
     prog.free(act)
     x3 = prog.alloc("activations", T * h * r)
     prog.free(down)
