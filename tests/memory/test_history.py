@@ -478,3 +478,24 @@ def test_held_out_set_33_misses_follow_their_histories(name: str, job: str) -> N
     large = {k: v for k, v in compute.history_segments.items() if k > 2 << 20}
     assert {k: v for k, v in compute.program_segments.items() if k > 2 << 20} == large
     assert estimate(w).peak_allocated_bytes == pytest.approx(doc["peak_allocated_bytes"], rel=0.011)
+
+
+def test_resnet_inference_in_fp16_and_fp32_as_recorded() -> None:
+    """fp16 makes no fp32 copy in batch norm past 2**31 elements (h39_resnet50_inf_fp16_b3000_cap24), and fp32's
+    convolutions take their own workspaces (h39_resnet18_inf_fp32_b1508_cap16). fp16's workspaces past 2**31 are
+    taken at the largest recorded (6.0 GiB where its stem took 5.0): over, never under."""
+    from gpuready.memory import estimate
+    from gpuready.workload import Workload, workload_from_args
+
+    def job(args: str) -> Workload:
+        return workload_from_args(args.split())
+
+    fp32 = load_history(HISTORIES / "h39_resnet18_inf_fp32_b1508_cap16.json.gz")
+    w = job("resnet18 --task infer --precision fp32 --batch 1508")
+    assert estimate(w).peak_allocated_bytes == pytest.approx(fp32["peak_allocated_bytes"], rel=0.01)
+    fp16 = load_history(HISTORIES / "h39_resnet50_inf_fp16_b3000_cap24.json.gz")
+    predicted = estimate(job("resnet50 --task infer --precision fp16 --batch 3000"))
+    assert fp16["peak_allocated_bytes"] <= predicted.peak_allocated_bytes <= 1.08 * fp16["peak_allocated_bytes"]
+    copy = 3000 * 64 * 112 * 112 * 4  # the bf16 job's batch-norm copy at this batch
+    bf16 = estimate(job("resnet50 --task infer --precision bf16 --batch 3000"))
+    assert bf16.peak_allocated_bytes - predicted.peak_allocated_bytes > 0.5 * copy

@@ -31,8 +31,9 @@ CUDNN_WORKSPACE_PER_LARGEST_MAP = 6.0
 # reserved on the H200 (issue 14) over 2.68 GiB of live tensors: 1.84 largest feature maps. Only the traced mode
 # (memory/trace.py) still takes it so; the arithmetic program makes each workspace (INFER_WORKSPACE_PER_OUTPUT).
 CUDNN_INFER_WORKSPACE_PER_LARGEST_MAP = 1.84
-# Batch norm over a map of at least this many elements (2**31 - 1, past 32-bit indexing) also holds an fp32 copy of its
-# input while it runs (inference histories h36_*: none at 1.64e9 elements, 4 bytes an element at 3.21e9 and 3.25e9)
+# Batch norm over a bf16 map of at least this many elements (2**31 - 1, past 32-bit indexing) also holds an fp32 copy
+# of its input while it runs (inference histories h36_*: none at 1.64e9 elements, 4 bytes an element at 3.21e9 and
+# 3.25e9; in fp16 none at 2.41e9, h39_resnet50_inf_fp16_b3000_cap24)
 BN_LARGE_ELEMENTS = 2**31 - 1
 # cuDNN's workspace for a ResNet convolution under no_grad, a moment after its output is made, as a multiple of the
 # output by (kernel, stride): the H200's inference histories (h36_resnet50_inf_bf16_b2048,
@@ -41,6 +42,10 @@ BN_LARGE_ELEMENTS = 2**31 - 1
 # left out: 0.2-0.5 GiB at 2048 images). Past 2**31 input elements cuDNN picks otherwise (h36_*_b4000_cap40: 1x1
 # convolutions 2-3.3x, the stem 1.0x).
 INFER_WORKSPACE_PER_OUTPUT = {(7, 2): 1.5, (3, 1): 2.0, (3, 2): 5.0, (1, 2): 3.0}
+# fp16 takes the same (h39_resnet50_inf_fp16_b3000_cap24, the stages past 2**31); fp32 others
+# (h39_resnet18_inf_fp32_b1508_cap16: the stem 1.19x, 3x3 2.0-2.06x, 3x3/2 2.0-3.03x, the 1x1/2 projection none
+# but on the last stage 2.0x), taken at the top of each range
+INFER_WORKSPACE_PER_OUTPUT_FP32 = {(7, 2): 1.19, (3, 1): 2.06, (3, 2): 3.03, (1, 2): 2.0}
 # ... and the stem's and a 1x1's when its input or output has 2**31 elements or more: the largest workspace those
 # histories record there, the stem's at both 4000 and 4050 images (the 1x1s took 5.37e9 and 6.44e9 bytes)
 LARGE_CONV_WORKSPACE = 6_440_240_144
@@ -223,12 +228,15 @@ def _resnet_nograd(prog: Program, spec: ModelSpec, w: Workload, first: bool) -> 
         conv, scale = convs[k]
         return B * conv.cout * _side(img, scale) ** 2 * e
 
+    bf16 = w.precision in ("bf16", "mixed")  # (fp16 makes no copy: h39_resnet50_inf_fp16_b3000_cap24)
+    ratios = INFER_WORKSPACE_PER_OUTPUT if e == 2 else INFER_WORKSPACE_PER_OUTPUT_FP32
+
     def batch_norm(k: int) -> int:
         """Batch norm's output over conv k's; from 2**31 elements on, the op also holds an fp32 copy of its input
         while it runs (histories h36_resnet50_inf_bf16_b4000_cap40 and _b4050: 11.96 and 12.11 GiB over the stem's
         64 x 112 x 112 maps, none at 2048 images)."""
         out = prog.alloc("activations", out_bytes(k))
-        if out_bytes(k) // e >= BN_LARGE_ELEMENTS:
+        if bf16 and out_bytes(k) // e >= BN_LARGE_ELEMENTS:
             prog.transient("activations", out_bytes(k) // e * 4)
         return out
 
@@ -242,7 +250,7 @@ def _resnet_nograd(prog: Program, spec: ModelSpec, w: Workload, first: bool) -> 
         """Conv k's output, and cuDNN's workspace for it, a moment."""
         out = prog.alloc("activations", out_bytes(k))
         kernel, stride = convs[k][0].kernel, convs[k][0].stride
-        ws = int(INFER_WORKSPACE_PER_OUTPUT.get((kernel, stride), 0.0) * out_bytes(k))
+        ws = int(ratios.get((kernel, stride), 0.0) * out_bytes(k))
         if kernel in (1, 7) and max(in_elements(k), out_bytes(k) // e) >= BN_LARGE_ELEMENTS:
             ws = LARGE_CONV_WORKSPACE
         if ws:
