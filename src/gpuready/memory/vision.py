@@ -232,9 +232,9 @@ def _resnet_nograd(prog: Program, spec: ModelSpec, w: Workload, first: bool) -> 
     ratios = INFER_WORKSPACE_PER_OUTPUT if e == 2 else INFER_WORKSPACE_PER_OUTPUT_FP32
 
     def batch_norm(k: int) -> int:
-        """Batch norm's output over conv k's; from 2**31 elements on, the op also holds an fp32 copy of its input
-        while it runs (histories h36_resnet50_inf_bf16_b4000_cap40 and _b4050: 11.96 and 12.11 GiB over the stem's
-        64 x 112 x 112 maps, none at 2048 images)."""
+        """Batch norm's output over conv k's; in bf16 from 2**31 elements on, the op also holds an fp32 copy of its
+        input while it runs (histories h36_resnet50_inf_bf16_b4000_cap40 and _b4050: 11.96 and 12.11 GiB over the
+        stem's 64 x 112 x 112 maps, none at 2048 images)."""
         out = prog.alloc("activations", out_bytes(k))
         if bf16 and out_bytes(k) // e >= BN_LARGE_ELEMENTS:
             prog.transient("activations", out_bytes(k) // e * 4)
