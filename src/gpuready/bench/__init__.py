@@ -6,7 +6,8 @@ imports torch. Records are versioned JSON (record.py); compare.py reads them and
 
 from gpuready.bench.compare import Comparison, compare, load_records
 from gpuready.bench.record import SCHEMA_VERSION, BenchRecord, load_record
-from gpuready.bench.run import DEFAULT_JOB, Progress, bench, default_workload
+from gpuready.bench.run import DEFAULT_JOB, bench, default_workload
+from gpuready.bench.watch import Progress
 
 __all__ = [
     "DEFAULT_JOB",
