@@ -438,6 +438,24 @@ def _neox_block_nograd(
     return x2, kept
 
 
+def _gelu_new(prog: Program, nbytes: int, fc: int) -> int:
+    """GPT-2's gelu_new written out in Python (0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*x**3)))) over c_fc's output
+    `fc` (of `nbytes`, gone at the end): its temporaries make the MLP's peak four such tensors. Returns the output."""
+    half = prog.alloc("activations", nbytes)  # 0.5 * x
+    cube = prog.alloc("activations", nbytes)  # x ** 3
+    t = prog.alloc("activations", nbytes)  # 0.044715 * x**3
+    prog.free(cube)
+    for _ in range(4):  # x + ..., * sqrt(2/pi), tanh, 1 + ...: each replaces the last
+        t2 = prog.alloc("activations", nbytes)
+        prog.free(t)
+        t = t2
+    act = prog.alloc("activations", nbytes)
+    prog.free(half)
+    prog.free(t)
+    prog.free(fc)
+    return act
+
+
 def _gpt2_block_nograd(
     prog: Program, ctx: Ctx, x: int, cache_kv: bool, keep_input: bool, peft: Callable[[str, int, int, int], int]
 ) -> tuple[int, list[int]]:
@@ -451,6 +469,8 @@ def _gpt2_block_nograd(
     def linear(name: str, nbytes: int, fan_in: int) -> int:
         return peft(name, prog.alloc("activations", nbytes), nbytes, fan_in)
 
+    if ctx.w.task == "train":
+        return _gpt2_first_pass(prog, ctx, x, keep_input, linear)
     ln = prog.alloc("activations", T * h * r)
     qkv = linear("c_attn", T * 3 * h * e, h)
     kept = [prog.alloc("kv_cache", T * h * e), prog.alloc("kv_cache", T * h * e)] if cache_kv else []
@@ -467,18 +487,7 @@ def _gpt2_block_nograd(
     ln = prog.alloc("activations", T * h * r)
     fc = linear("c_fc", T * width * e, h)
     prog.free(ln)
-    half = prog.alloc("activations", T * width * e)  # 0.5 * x
-    cube = prog.alloc("activations", T * width * e)  # x ** 3
-    t = prog.alloc("activations", T * width * e)  # 0.044715 * x**3
-    prog.free(cube)
-    for _ in range(4):  # x + ..., * sqrt(2/pi), tanh, 1 + ...: each replaces the last
-        t2 = prog.alloc("activations", T * width * e)
-        prog.free(t)
-        t = t2
-    act = prog.alloc("activations", T * width * e)
-    prog.free(half)
-    prog.free(t)
-    prog.free(fc)
+    act = _gelu_new(prog, T * width * e, fc)
     down = linear("c_proj", T * h * e, width)
     prog.free(act)
     x3 = prog.alloc("activations", T * h * r)
@@ -487,3 +496,43 @@ def _gpt2_block_nograd(
     if not keep_input:
         prog.free(x)
     return x3, kept
+
+
+def _gpt2_first_pass(
+    prog: Program, ctx: Ctx, x: int, keep_input: bool, linear: Callable[[str, int, int], int]
+) -> tuple[int, list[int]]:
+    """GPT-2's block in a checkpointed layer's first pass (training, nothing saved), as the recorded history
+    h38_lora_gpt2m_ckpt_b16 shows it: the model in train mode runs each c_proj's output through dropout (its
+    one-byte mask made and dropped, the output a new tensor); the packed q/k/v output and ln_1's output live until
+    the attention's residual add, the attention's dropout output until the block returns."""
+    spec, dt, T = ctx.spec, ctx.dt, ctx.tokens
+    h, e, r, width = spec.hidden, dt.act, dt.resid, spec.intermediate
+
+    def dropout(src: int) -> int:
+        mask = prog.alloc("activations", T * h)
+        out = prog.alloc("activations", T * h * e)
+        prog.free(mask)
+        prog.free(src)
+        return out
+
+    ln = prog.alloc("activations", T * h * r)
+    qkv = linear("c_attn", T * 3 * h * e, h)
+    attn = prog.alloc("activations", T * h * e)
+    prog.transient("activations", T * spec.heads * 4)  # log-sum-exp
+    o = linear("c_proj", T * h * e, h)
+    prog.free(attn)
+    o = dropout(o)
+    prog.free(qkv)
+    x2 = prog.alloc("activations", T * h * r)
+    prog.free(ln)
+    ln = prog.alloc("activations", T * h * r)
+    fc = linear("c_fc", T * width * e, h)
+    act = _gelu_new(prog, T * width * e, fc)
+    down = linear("c_proj", T * h * e, width)
+    prog.free(act)
+    down = dropout(down)
+    x3 = prog.alloc("activations", T * h * r)
+    prog.free_all([ln, x2, o, down])
+    if not keep_input:
+        prog.free(x)
+    return x3, []

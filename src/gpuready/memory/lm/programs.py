@@ -79,6 +79,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
     prep = lora_rec and w.kbit_prep
     if prep:
         r = 4
+    gpt2_embed = spec.model_type == "gpt2" and w.grad_ckpt and bool(ctx.lora) and not prep and not fsdp
     state: list[int] | None = None
 
     def one_step(step: int) -> None:
@@ -106,6 +107,18 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
             if fsdp:
                 fsdp.gather(root)
             x = prog.alloc("activations", T * h * r)  # embedding output, the residual stream
+            wte = wpe = embd_mask = 0
+            if gpt2_embed:
+                # GPT-2's embeddings under peft's checkpointing (h38_lora_gpt2m_ckpt_b16): the token embeddings
+                # (held with the step's graph until the next step's), the positions' (until the base model
+                # returns), their sum (gone once dropout has run), dropout's one-byte mask (kept for its backward)
+                # and its output, the residual stream
+                wte = x
+                wpe = prog.alloc("activations", w.seq * h * e)
+                summed = prog.alloc("activations", T * h * r)
+                embd_mask = prog.alloc("activations", T * h)
+                x = prog.alloc("activations", T * h * r)
+                prog.free(summed)
             tables: list[int] = []
             if lora_rec:
                 # the rotary embedding's cos and sin for the batch's positions (one row: position_ids is 1 x seq in
@@ -212,6 +225,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                     final.append(prog.alloc("activations", T * h * e))  # lm_head keeps its input
             if replaced:
                 prog.free(embeds)  # the base model returns (fsdp_qwen3b_b2: after the final norm, before lm_head)
+            prog.free(wpe)
             if prep:  # lm_head's fp32 weight cast to bf16 by autocast (frozen: not cached), kept for backward
                 head_cast = prog.alloc("autocast_weight_copies", spec.vocab * h * 2)
             kept = logits_and_loss_forward(prog, ctx, frozen_out, cast_input=prep)
@@ -394,6 +408,11 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                     grads.append(emb)
             elif held_input:
                 held = [ckpt_inputs[0], dx]
+            elif gpt2_embed:  # the embedding dropout's backward; its gradient and the embeddings held (above)
+                grad = prog.alloc("activations", T * h * r)
+                prog.free(dx)
+                prog.free(embd_mask)
+                held = [grad, wte]
             else:
                 prog.free(dx)
             if recorded_mixed:
