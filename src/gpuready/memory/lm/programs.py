@@ -79,7 +79,10 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
     prep = lora_rec and w.kbit_prep
     if prep:
         r = 4
-    gpt2_embed = spec.model_type == "gpt2" and w.grad_ckpt and bool(ctx.lora) and not prep and not fsdp
+    # GPT-2's embeddings under peft's checkpointing (below), with one micro-batch, as held_input
+    gpt2_embed = (
+        spec.model_type == "gpt2" and w.grad_ckpt and bool(ctx.lora) and not prep and not fsdp and w.grad_accum == 1
+    )
     state: list[int] | None = None
 
     def one_step(step: int) -> None:
