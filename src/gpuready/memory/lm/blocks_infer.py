@@ -107,12 +107,16 @@ def block_nograd(
         prog.free(x32)
         return total
 
+    def lora_linear(name: str, nbytes: int) -> int:
+        """A linear's output with no autocast: a 4-bit weight dequantized around the matmul, then peft's adapter."""
+        if quantized and name in weights:  # the 4-bit weight dequantized around the matmul (nf4.py)
+            return peft(name, nf4.forward_output(prog, weights[name] // 2, e, nbytes), nbytes)
+        return peft(name, prog.alloc("activations", nbytes), nbytes)
+
     def project(name: str, nbytes: int, cast_input: bool) -> int:
         """A projection's output; under autocast its weight's bf16 copy (cached) and its input's bf16 cast."""
         if casts is None:
-            if quantized and name in weights:  # the 4-bit weight dequantized around the matmul (nf4.py)
-                return peft(name, nf4.forward_output(prog, weights[name] // 2, e, nbytes), nbytes)
-            return peft(name, prog.alloc("activations", nbytes), nbytes)
+            return lora_linear(name, nbytes)
         copy = prog.alloc("autocast_weight_copies", weights.get(name, 0))
         cast = prog.alloc("activations", T * h * 2) if cast_input else 0
         out = prog.alloc("activations", nbytes)
@@ -158,7 +162,7 @@ def block_nograd(
     if spec.model_type == "gpt2":
         return _gpt2_block_nograd(prog, ctx, x, cache_kv, keep_input, peft)
     if spec.model_type == "gpt_neox" and spec.parallel_residual:
-        return _neox_block_nograd(prog, ctx, x, cache_kv, keep_input, peft)
+        return _neox_block_nograd(prog, ctx, x, cache_kv, keep_input, lora_linear)
     if spec.mla:
         return _mla_block_nograd(prog, ctx, x, layer, cache_kv, keep_input, decode, context or T)
     normed = norm()
@@ -384,23 +388,20 @@ def _moe_nograd(prog: Program, ctx: Ctx, decode: bool) -> int:
 
 
 def _neox_block_nograd(
-    prog: Program, ctx: Ctx, x: int, cache_kv: bool, keep_input: bool, peft: Callable[[str, int, int, int], int]
+    prog: Program, ctx: Ctx, x: int, cache_kv: bool, keep_input: bool, linear: Callable[[str, int], int]
 ) -> tuple[int, list[int]]:
     """GPTNeoXLayer without autograd, as transformers runs it: LayerNorm (one output), the fused query_key_value
     (q, k, v are views of it until the attention returns), rotary on the first rotary_dims of each head
     (q_rot * cos + rotate_half(q_rot) * sin, then torch.cat with the pass-through part), the cache's own copies of
     K and V, the kernel's output and its transposed copy, dense; then the parallel MLP on a second LayerNorm of the
-    same input (dense_h_to_4h, GELU, dense_4h_to_h) and mlp + attention + input. `peft(name, base output, bytes)`:
-    an adapted linear's output through peft's adapter (a checkpointed LoRA layer's first pass: the recorded history
+    same input (dense_h_to_4h, GELU, dense_4h_to_h) and mlp + attention + input. `linear(name, bytes)`: a linear's
+    output, through peft's adapter where it has one (a checkpointed LoRA layer's first pass: the recorded history
     h37_lora_pythia1b_ckpt_b8 shows each of the four linears' fp32 copy of its input and fp32 lora_B output)."""
     spec, dt, T = ctx.spec, ctx.dt, ctx.tokens
     h, e, r = spec.hidden, dt.act, dt.resid
     w = spec.heads * spec.head_dim
     rot = spec.heads * (spec.rotary_dims or spec.head_dim)
     alloc, free = prog.alloc, prog.free
-
-    def linear(name: str, nbytes: int) -> int:
-        return peft(name, alloc("activations", nbytes), nbytes, 0)
 
     ln1 = alloc("activations", T * h * r)
     qkv = linear("query_key_value", T * 3 * w * e)
