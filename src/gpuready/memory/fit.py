@@ -81,7 +81,7 @@ class Replayable(NamedTuple):
 #   norm's fp32 copy of its input past 2**31 elements and took cuDNN's workspaces as one cached block (resnet50 bf16
 #   on a 40 GiB card ran 4000 and failed at 4050 where the replay promised 5055). The capped histories
 #   h36_resnet50_inf_bf16_b4000_cap40 and _b4050 show the 11.96 and 12.11 GiB copies (memory/vision.py
-#   BN_LARGE_ELEMENTS; the GPU's 35.0 GB allocated at 4000 is now the program's to the MiB) and every convolution's
+#   LARGE_ELEMENTS; the GPU's 35.0 GB allocated at 4000 is now the program's to the MiB) and every convolution's
 #   workspace a moment after its output (INFER_WORKSPACE_PER_OUTPUT, LARGE_CONV_WORKSPACE). The replay alone then
 #   gives 4011 there (ran 4011, failed 4012: set 19b), 1953 for resnet101 bf16 on 16 GiB (ran 1953, failed 1954),
 #   2674 for resnet18 bf16 on 24 GiB (ran 2674, failed 2675: the copy's threshold), but 6183 for resnet50 bf16 on

@@ -18,7 +18,7 @@ from gpuready.memory.program import Program
 from gpuready.memory.vision_hf import Kept, Saved, hf_forward, hf_nograd, mlp_nograd, patch_embedding
 from gpuready.memory.vision_weights import load_for_inference, load_weights
 from gpuready.models.spec import ModelSpec
-from gpuready.models.vision import resnet_convs
+from gpuready.models.vision import Conv, resnet_convs
 from gpuready.workload import Workload
 
 # cuDNN convolution workspaces come from PyTorch's caching allocator (aten/src/ATen/native/cudnn/Conv_v8.cpp) and
@@ -31,10 +31,11 @@ CUDNN_WORKSPACE_PER_LARGEST_MAP = 6.0
 # reserved on the H200 (issue 14) over 2.68 GiB of live tensors: 1.84 largest feature maps. Only the traced mode
 # (memory/trace.py) still takes it so; the arithmetic program makes each workspace (INFER_WORKSPACE_PER_OUTPUT).
 CUDNN_INFER_WORKSPACE_PER_LARGEST_MAP = 1.84
-# Batch norm over a bf16 map of at least this many elements (2**31 - 1, past 32-bit indexing) also holds an fp32 copy
-# of its input while it runs (inference histories h36_*: none at 1.64e9 elements, 4 bytes an element at 3.21e9 and
-# 3.25e9; in fp16 none at 2.41e9, h39_resnet50_inf_fp16_b3000_cap24)
-BN_LARGE_ELEMENTS = 2**31 - 1
+# Past 32-bit indexing (2**31 - 1 elements in a map) kernels take other paths: batch norm over a bf16 map that large
+# also holds an fp32 copy of its input while it runs (inference histories h36_*: none at 1.64e9 elements, 4 bytes an
+# element at 3.21e9 and 3.25e9; in fp16 none at 2.41e9, h39_resnet50_inf_fp16_b3000_cap24), and cuDNN picks other
+# workspaces (LARGE_CONV_WORKSPACE)
+LARGE_ELEMENTS = 2**31 - 1
 # cuDNN's workspace for a ResNet convolution under no_grad, a moment after its output is made, as a multiple of the
 # output by (kernel, stride): the H200's inference histories (h36_resnet50_inf_bf16_b2048,
 # h36_resnet101_inf_bf16_b1888_cap16) show the same multiples at every stage but the last: the 7x7/2 stem 1.5x,
@@ -66,6 +67,11 @@ def resnet_largest_map_bytes(spec: ModelSpec, w: Workload) -> int:
     return max(sizes)
 
 
+def _input_elements(batch: int, image: int, conv: Conv, scale: int) -> int:
+    """The elements of a convolution's input, `scale` being its output's downscale (the stem's input: the images)."""
+    return batch * conv.cin * _side(image, scale // conv.stride) ** 2
+
+
 def _side(image: int, scale: int) -> int:
     # each stride-2 stage halves the side, rounding up (padding=1 convs and pools)
     side = image
@@ -95,7 +101,7 @@ def _resnet_forward(prog: Program, spec: ModelSpec, w: Workload) -> list[Saved]:
         side = _side(img, scale)
         out = B * conv.cout * side * side * e
         wgrad = conv.cin * conv.cout * conv.kernel**2 * dt.param
-        cin_bytes = prev if not conv.downsample else B * conv.cin * _side(img, scale // conv.stride) ** 2 * e
+        cin_bytes = prev if not conv.downsample else _input_elements(B, img, conv, scale) * e
         # the convolution keeps its input (already kept by the op before it); its backward makes the input's
         # gradient and the weight's (cuDNN's workspaces: cudnn_workspace_bytes, a cached segment beside these)
         saved.append((0, cin_bytes, wgrad, 0))
@@ -236,22 +242,16 @@ def _resnet_nograd(prog: Program, spec: ModelSpec, w: Workload, first: bool) -> 
         input while it runs (histories h36_resnet50_inf_bf16_b4000_cap40 and _b4050: 11.96 and 12.11 GiB over the
         stem's 64 x 112 x 112 maps, none at 2048 images)."""
         out = prog.alloc("activations", out_bytes(k))
-        if bf16 and out_bytes(k) // e >= BN_LARGE_ELEMENTS:
+        if bf16 and out_bytes(k) // e >= LARGE_ELEMENTS:
             prog.transient("activations", out_bytes(k) // e * 4)
         return out
-
-    def in_elements(k: int) -> int:
-        if k == 0:
-            return B * 3 * img * img
-        conv, scale = convs[k]
-        return B * conv.cin * _side(img, scale // conv.stride) ** 2
 
     def conv(k: int) -> int:
         """Conv k's output, and cuDNN's workspace for it, a moment."""
         out = prog.alloc("activations", out_bytes(k))
         kernel, stride = convs[k][0].kernel, convs[k][0].stride
         ws = int(ratios.get((kernel, stride), 0.0) * out_bytes(k))
-        if kernel in (1, 7) and max(in_elements(k), out_bytes(k) // e) >= BN_LARGE_ELEMENTS:
+        if kernel in (1, 7) and max(_input_elements(B, img, *convs[k]), out_bytes(k) // e) >= LARGE_ELEMENTS:
             ws = LARGE_CONV_WORKSPACE
         if ws:
             prog.transient("cudnn_workspaces", ws)
