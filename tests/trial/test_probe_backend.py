@@ -139,7 +139,7 @@ def test_memory_history_is_written_compactly_and_replays(tmp_path: Path, monkeyp
     """The probe's GPUREADY_PROBE_MEMORY_HISTORY output (with a fake torch.cuda.memory) is what
     gpuready.memory.history replays: actions, addresses, sizes, streams and interned frames."""
     from gpuready.memory.history import load_history, replay_history
-    from gpuready.trial import probe
+    from gpuready.trial import probe_memory
 
     frame = {"filename": "/x/modeling_llama.py", "line": 64, "name": "forward"}
     trace = [
@@ -172,7 +172,7 @@ def test_memory_history_is_written_compactly_and_replays(tmp_path: Path, monkeyp
     monkeypatch.delenv("RANK", raising=False)
     out = tmp_path / "h.json"
     result = {"peak_reserved_bytes": 20 * 2**20, "peak_allocated_bytes": 3 * 2**20}
-    probe._write_history(_Torch(), result, str(out))
+    probe_memory.write_history(_Torch(), result, str(out))
     assert calls == [{"enabled": None}]  # recording stopped once written
     assert result["memory_history"] == str(out)
     doc = load_history(out)

@@ -1,5 +1,5 @@
 """Watch the GPUs while the bench job runs: a sample of every GPU each second, Xid events as NVML sends them,
-ECC counters at the start and the end. NVML only through gpuready/nvml.py (an injected backend)."""
+ECC counters at the start and the end. NVML only through gpuready/nvml/ (an injected backend)."""
 
 from __future__ import annotations
 

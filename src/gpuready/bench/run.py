@@ -3,7 +3,7 @@
 Order of work: read NVML (no GPU: the record says so at once, with the doctor's cause); start the doctor and the
 GPU monitor; run the job in a child process (the trial's probe in bench mode, or the user's command) while
 reading the steps it announces; stop; test the data disk; add the price; write the record to the results
-database. Each foreign thing is reached through its owner: NVML through nvml.py, processes through
+database. Each foreign thing is reached through its owner: NVML through gpuready/nvml/, processes through
 trial/runner.py, torch only in the probe's child. Every dependency is injectable, so all of it runs in tests
 without a GPU.
 """

@@ -1,6 +1,6 @@
 """From the job's step lines and the GPU samples to the record's throughput and health sections.
 
-Pure functions of their inputs (steps as the probe announces them, readings as nvml.py returns them), so every
+Pure functions of their inputs (steps as the probe announces them, readings as gpuready/nvml/ returns them), so every
 figure in a record can be checked without a GPU.
 """
 

@@ -31,6 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from gpuready.models.vision import build_transformers_vision, is_transformers_vision
+from gpuready.trial.probe_memory import (
+    MEMORY_HISTORY_ENV,
+    history_length,
+    record_memory,
+    start_history,
+    under_torchrun,
+    write_history,
+)
 
 # Steps per job as calibration/README.md measures them; GPUREADY_PROBE_STEPS overrides (timing studies).
 LM_STEPS = int(os.environ.get("GPUREADY_PROBE_STEPS", "3"))
@@ -229,7 +237,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     if not torch.cuda.is_available():
         result.update(error="no CUDA GPU is visible to the probe", error_kind="no_gpu")
         return result
-    if _under_torchrun():
+    if under_torchrun():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         torch.distributed.init_process_group("nccl")
     device = torch.cuda.current_device()
@@ -257,7 +265,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     is_vision = spec["kind"] == "vision"
     history = os.environ.get(MEMORY_HISTORY_ENV)
     if history:
-        _start_history(torch)
+        start_history(torch)
     try:
         torch.cuda.reset_peak_memory_stats()
         t_load = time.perf_counter()
@@ -278,7 +286,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             if history:
-                result["memory_history_reset_at"] = _history_length(torch)
+                result["memory_history_reset_at"] = history_length(torch)
         torch.cuda.synchronize()
         result["load_seconds"] = time.perf_counter() - t_load
         result["load_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
@@ -377,81 +385,10 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     except Exception as exc:  # a fault of the job is a result to report
         result.update(error=f"{type(exc).__name__}: {_first_line(exc)}", error_kind="error")
         result["traceback"] = traceback.format_exc(limit=6)
-    _record_memory(torch, result, device)
+    record_memory(torch, result, device)
     if history:
-        _write_history(torch, result, history)
+        write_history(torch, result, history)
     return result
-
-
-# Set to a file path to record the caching allocator's history (torch.cuda.memory._record_memory_history) and
-# write it compactly there (".rank<r>" appended under torchrun): every alloc / free / segment event in order with
-# its size, address, stream and innermost Python frames. benchmarks/allocator_check.py replays it.
-MEMORY_HISTORY_ENV = "GPUREADY_PROBE_MEMORY_HISTORY"
-HISTORY_FRAMES = 6
-
-
-def _start_history(torch: Any) -> None:
-    torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python", max_entries=4_000_000)
-
-
-def _history_length(torch: Any) -> int:
-    traces = torch.cuda.memory._snapshot()["device_traces"]
-    return len(traces[torch.cuda.current_device()])
-
-
-def _write_history(torch: Any, result: dict[str, Any], path: str) -> None:
-    snap = torch.cuda.memory._snapshot()
-    torch.cuda.memory._record_memory_history(enabled=None)
-    frames: dict[str, int] = {}
-    events: list[list[Any]] = []
-    for entry in snap["device_traces"][torch.cuda.current_device()]:
-        stack = " < ".join(
-            f"{f.get('name')}@{Path(str(f.get('filename'))).name}:{f.get('line')}"
-            for f in (entry.get("frames") or [])[:HISTORY_FRAMES]
-        )
-        fid = frames.setdefault(stack, len(frames))
-        events.append(
-            [entry["action"], int(entry.get("addr", 0)), int(entry.get("size", 0)), int(entry.get("stream", 0)), fid]
-        )
-    out = Path(path)
-    if _under_torchrun():
-        out = out.with_name(f"{out.name}.rank{os.environ.get('RANK', '0')}")
-    doc = {
-        "events": events,
-        "frames": list(frames),
-        "reset_at": result.get("memory_history_reset_at", 0),
-        "peak_allocated_bytes": result.get("peak_allocated_bytes"),
-        "peak_reserved_bytes": result.get("peak_reserved_bytes"),
-        # the allocator's limit when `--gpu-memory` capped it (set_per_process_memory_fraction's allowed maximum):
-        # allocator_check.py replays the requests under the same limit
-        "memory_cap_bytes": result.get("memory_cap_bytes"),
-        "error_kind": result.get("error_kind"),
-    }
-    out.write_text(json.dumps(doc), encoding="utf-8")
-    result["memory_history"] = str(out)
-
-
-def _record_memory(torch: Any, result: dict[str, Any], device: int) -> None:
-    torch.cuda.synchronize()
-    result["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
-    result["peak_reserved_bytes"] = int(torch.cuda.max_memory_reserved())
-    reserved_now = int(torch.cuda.memory_reserved())
-    from gpuready.nvml import Nvml
-
-    nvml = Nvml()
-    index = nvml.index_for_uuid(str(getattr(torch.cuda.get_device_properties(device), "uuid", "")))
-    mem = nvml.memory(device if index is None else index)
-    if mem is None:
-        # cudaMemGetInfo sees the same device memory when NVML cannot be read
-        free, total = torch.cuda.mem_get_info()
-        used = int(total - free)
-        result["device_memory_source"] = "cudaMemGetInfo"
-    else:
-        used = mem.used_bytes
-        result["device_memory_source"] = "nvml"
-    result["device_used_bytes"] = used
-    result["device_overhead_bytes"] = used - reserved_now
-    result["peak_device_bytes"] = result["peak_reserved_bytes"] + result["device_overhead_bytes"]
 
 
 # Bench mode (spec["bench"] = {"duration_seconds": D}): each finished step is a line on stdout, so the parent
@@ -505,10 +442,6 @@ def _run_for(
     result["step_seconds"] = statistics.median(steady)
 
 
-def _under_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -522,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = json.loads(Path(args[0]).read_text(encoding="utf-8"))
     out = Path(args[1])
     rank = int(os.environ.get("RANK", "0"))
-    if _under_torchrun():
+    if under_torchrun():
         out = out.with_name(f"{out.name}.rank{rank}")
     t0 = time.perf_counter()
     result = measure(spec)

@@ -1,6 +1,6 @@
 """Sample GPU memory and utilization of a process tree at ≥ 10 Hz while the user's command runs.
 
-NVML is read through gpuready/nvml.py (an injected backend); the process tree through psutil. NVML lists per-process
+NVML is read through gpuready/nvml/ (an injected backend); the process tree through psutil. NVML lists per-process
 memory by PID; inside containers those PIDs may be the host's and match nothing here, so when no PID of the
 tree is ever seen the peak falls back to the device's used memory minus what was used before the start
 (`source` says which one a summary holds).
