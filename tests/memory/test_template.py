@@ -139,3 +139,24 @@ def test_a_kbit_prep_template_writes_out_peft_s_empty_cache() -> None:
         assert list(made.events).count(0) == 1
     peak_phase = max(built.phase_peaks, key=lambda p: built.phase_peaks[p])
     assert sum(built.breakdown(peak_phase).values()) == built.peak_allocated  # (event 0 frees nothing)
+
+
+def test_a_size_known_per_batch_holds_from_the_first_batch_it_exists() -> None:
+    # the final norm's weight gradient reduction (ops.reduce_buffer_bytes) at 256 tokens: no staging buffer at batch 1
+    # (too few rows per thread), one from a few batches up; the template holds from there, and estimate() builds the
+    # batches below it
+    w = make_workload(model="qwen3-0.6b", method="full", seq=256)
+    spec = resolve_model(w.model)
+    template = build_template(lambda x: _build(spec, x), w)
+    assert template is not None and template.per_batch
+    assert 1 < template.min_batch < 64
+    with pytest.raises(ValueError, match="holds from batch"):
+        template.instantiate(template.min_batch - 1)
+    for batch in (template.min_batch, template.min_batch + 1, 64, 1000):
+        assert template.instantiate(batch) == _build(spec, w.model_copy(update={"batch": batch}))
+    clear_caches()
+    swept = [estimate(w.model_copy(update={"batch": b})) for b in range(1, template.min_batch + 2)]
+    clear_caches()
+    for b, got in enumerate(swept, start=1):
+        clear_caches()
+        assert estimate(w.model_copy(update={"batch": b})) == got

@@ -91,7 +91,7 @@ def _program(spec: ModelSpec, w: Workload, meta_init: bool = False) -> Program:
     first = _first_batch.setdefault((spec, structure, meta_init), w.batch)
     if first != w.batch:
         template = _template(spec, structure, meta_init)
-        if template is not None:
+        if template is not None and w.batch >= template.min_batch:
             return template.instantiate(w.batch)
     return _build(spec, w, meta_init)
 

@@ -7,11 +7,15 @@ from dataclasses import dataclass
 
 from gpuready.memory.program import Program
 
-# bitsandbytes 8-bit blockwise optimizers: one byte per state element plus an fp32 absmax per block of 2048
-# (Dettmers et al. 2022, "8-bit Optimizers via Block-wise Quantization"; bnb's min_8bit_size=4096 keeps
-# smaller tensors in 32 bit).
-BNB_BLOCK = 2048
+# bitsandbytes 8-bit blockwise optimizers (Dettmers et al. 2022, "8-bit Optimizers via Block-wise Quantization"), as
+# bitsandbytes 0.50.2's Optimizer2State.init_state makes a parameter's state on its first step (optim/optimizer.py,
+# read in the wheel the H200 runs): state1 and state2 as uint8 tensors of the parameter's size, then absmax1 and
+# absmax2, one fp32 per block of 256 elements; before the first of them the two quantization maps ("dynamic",
+# "udynamic": 256 fp32 values each) are moved to the GPU once and kept. A parameter under min_8bit_size (4096
+# elements) keeps two fp32 states instead. The update itself (optimizer_update_8bit_blockwise) works in place.
+BNB_BLOCK = 256
 BNB_MIN_8BIT = 4096
+BNB_QMAP_BYTES = 256 * 4
 
 
 @dataclass(frozen=True)
@@ -44,12 +48,16 @@ def optimizer_step(prog: Program, optim: str, params: list[Trainable], state: li
             handles.extend(prog.alloc("optimizer_states", p.nbytes) for p in params)
     elif optim == "adamw8bit":
         if first:
+            qmaps = False
             for p in params:
-                for _ in range(2):
-                    if p.numel >= BNB_MIN_8BIT:
-                        handles.append(prog.alloc("optimizer_states", p.numel + 4 * -(-p.numel // BNB_BLOCK)))
-                    else:
-                        handles.append(prog.alloc("optimizer_states", 4 * p.numel))
+                if p.numel < BNB_MIN_8BIT:
+                    handles.extend(prog.alloc("optimizer_states", 4 * p.numel) for _ in (0, 1))
+                    continue
+                if not qmaps:
+                    handles.extend(prog.alloc("optimizer_states", BNB_QMAP_BYTES) for _ in (0, 1))
+                    qmaps = True
+                absmax = 4 * -(-p.numel // BNB_BLOCK)
+                handles.extend(prog.alloc("optimizer_states", n) for n in (p.numel, p.numel, absmax, absmax))
     elif optim == "adafactor":
         _adafactor_step(prog, params, first, handles)
     return handles

@@ -16,7 +16,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import pairwise
 from typing import Any
@@ -152,6 +152,18 @@ class Batch:
     __rpow__ = __truediv__
 
 
+class PerBatch:
+    """A size that is not affine in the batch but is known for each one: `fn(batch)` bytes, positive at every batch
+    or at none. The builder that makes it vouches that `fn` never falls as the batch grows (so the recorder, which
+    checks batch 1 and MAX, knows whether the tensor exists at every batch); the template then computes its size
+    per batch when it writes a program out (ops.reduce_buffer_bytes: a reduction's staging buffer)."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[int], int]) -> None:
+        self.fn = fn
+
+
 class _Unknown:
     """What a Program's running figures (allocated, peaks, events, sizes) are while its batch is a symbol: any use
     of them raises, so a builder that reads them back cannot take a template."""
@@ -178,8 +190,21 @@ class _Recorder:
         self.ops: list[int] = []  # +handle allocates it, -handle frees it, 0 empties the cache
         self.phases: list[tuple[int, str]] = [(0, prog.phase)]  # (ops before, phase)
         self.steps: list[int] = []  # ops before each optimizer step (Program.mark_step)
+        self.per_batch: dict[int, Callable[[int], int]] = {}  # handle -> its size at a batch (PerBatch)
+        self.min_batch = 1  # the template holds from this batch up (a PerBatch tensor absent below it)
 
     def alloc(self, category: str, nbytes: Any) -> int:
+        if isinstance(nbytes, PerBatch):
+            if nbytes.fn(MAX) <= 0:
+                return 0  # (never falls: empty at MAX, empty at every batch)
+            lo, hi = 1, MAX  # the first batch where it exists: the template then holds from there on
+            while lo < hi:
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if nbytes.fn(mid) > 0 else (mid + 1, hi)
+            self.min_batch = max(self.min_batch, lo)
+            handle = self.alloc(category, nbytes.fn(lo))
+            self.per_batch[handle] = nbytes.fn
+            return handle
         n = nbytes if isinstance(nbytes, Batch) else Batch(0, int(nbytes))
         if n.a == 0 and n.c <= 0:
             return 0  # no tensor at any batch
@@ -202,7 +227,7 @@ class _Recorder:
         self.steps.append(len(self.ops))  # (an op is an event at every batch)
 
     def size_of(self, handle: int) -> int:
-        if self.a[handle]:
+        if self.a[handle] or handle in self.per_batch:
             raise NotAffine("a batch-dependent size read back (rounding is not affine)")
         c = self.c[handle]
         return (c + ROUND - 1) // ROUND * ROUND if handle else 0
@@ -222,6 +247,18 @@ class Template:
     streams: dict[str, int]
     cached_outside_bytes: int
     steps: list[int]
+    per_batch: dict[int, Callable[[int], int]] = field(default_factory=dict)  # handle -> size at a batch
+    min_batch: int = 1  # the first batch it writes out (below it the builders make another program)
+
+    def _c_at(self, batch: int) -> array[int]:
+        """The constant terms at `batch`: c, with each PerBatch handle's size at that batch in its place."""
+        c = self._arrays[2]
+        if not self.per_batch:
+            return c
+        c = array("q", c)
+        for handle, fn in self.per_batch.items():
+            c[handle] = fn(batch)
+        return c
 
     @cached_property
     def _arrays(self) -> tuple[array[int], array[int], array[int], array[int], array[int], list[str]]:
@@ -239,8 +276,11 @@ class Template:
         return Program(categories=list(self.categories)).category_codes()
 
     def instantiate(self, batch: int) -> Program:
-        """The program at `batch`: the one the builders make for it (module docstring)."""
-        ops, a, c, marks, phases, names = self._arrays
+        """The program at `batch` (at least min_batch): the one the builders make for it (module docstring)."""
+        if batch < self.min_batch:
+            raise ValueError(f"this template holds from batch {self.min_batch}, not {batch}")
+        ops, a, _, marks, phases, names = self._arrays
+        c = self._c_at(batch)
         made = native.instantiate(
             ops, a, c, batch, marks, phases, len(names), names.index("load") if "load" in names else -1
         )
@@ -265,8 +305,9 @@ class Template:
 
     def _instantiate_python(self, batch: int) -> Program:
         """instantiate's loop in Python (where the compiled one cannot be had)."""
+        constant = self._c_at(batch)
         sizes = [0] + [
-            (a * batch + c + ROUND - 1) // ROUND * ROUND for a, c in zip(self.a[1:], self.c[1:], strict=True)
+            (a * batch + c + ROUND - 1) // ROUND * ROUND for a, c in zip(self.a[1:], constant[1:], strict=True)
         ]
         prog = Program(
             sizes=sizes,
@@ -356,6 +397,8 @@ def build_template(build: Callable[[Any], Program], workload: Any) -> Template |
             dict(prog.streams),
             prog.cached_outside_bytes,
             list(rec.steps),
+            dict(rec.per_batch),
+            rec.min_batch,
         )
     except Exception:  # NotAffine, or a TypeError where a builder used the batch as an int: build per batch
         return None

@@ -5,7 +5,7 @@ logits to fp32), and generate()'s sampling.
 from __future__ import annotations
 
 from gpuready.memory.lm.context import Ctx
-from gpuready.memory.lm.ops import norm_backward_frozen
+from gpuready.memory.lm.ops import norm_backward_frozen, reduce_buffer_bytes
 from gpuready.memory.program import Program
 
 
@@ -47,6 +47,45 @@ def final_norm_backward_frozen(prog: Program, ctx: Ctx, dx: int, kept: list[int]
     """The backward of the final RMSNorm with a frozen weight (LoRA) from lm_head's input gradient `dx`
     (ops.norm_backward_frozen; `kept`: the fp32 input and rsqrt, which it frees): the residual stream's gradient."""
     return norm_backward_frozen(prog, ctx.tokens, ctx.spec.hidden, ctx.tokens, ctx.dt.act, dx, kept[0], kept[1])
+
+
+def final_norm_backward_trainable(prog: Program, ctx: Ctx, dx: int, kept: list[int]) -> tuple[int, int]:
+    """The backward of the final RMSNorm whose weight trains, in 16 bits without autocast (full fine-tuning), from
+    lm_head's input gradient `dx`, as the recorded history h41_adamw8bit_smollm2_b10 makes it (the events between
+    lm_head's backward and the last layer's): lm_head's input (the norm's output) goes; weight * y's backward makes
+    the gradient times the weight and times y, the weight's gradient and its reduction buffer; y (the 16-bit cast)
+    and `dx` go; .to(dtype)'s backward casts to fp32; x * rsqrt's backward (the fp32 input's gradient so far, and
+    rsqrt's through row sums); mean's and pow's backward (four input-sized fp32 tensors, the fp32 input freed among
+    them); .to(fp32)'s backward: the residual stream's 16-bit gradient. `kept`: final_norm_forward's (the fp32
+    input, rsqrt, y, the output), all freed. Returns the residual stream's gradient and the weight's gradient."""
+    T, h, e = ctx.tokens, ctx.spec.hidden, ctx.dt.act
+    n32, rows = T * h * 4, T * 4
+    alloc, free = prog.alloc, prog.free
+    x32, rs, y, out = kept
+    free(out)
+    by_weight, by_y = alloc("activations", T * h * e), alloc("activations", T * h * e)
+    weight_grad = alloc("gradients", h * ctx.dt.param)
+    reduce = alloc("activations", reduce_buffer_bytes(h, T))
+    prog.transient("activations", 64)  # (a 64-byte request the reduction makes and frees)
+    free(reduce)
+    free(by_y)
+    free(dx)
+    free(y)
+    g32 = alloc("activations", n32)
+    free(by_weight)
+    by_x, g_in = alloc("activations", n32), alloc("activations", n32)
+    r1 = alloc("activations", rows)
+    free(by_x)
+    free(g32)
+    r2, r3, r4 = alloc("activations", rows), alloc("activations", rows), alloc("activations", rows)
+    prog.free_all([r3, r2, r1, rs])
+    expanded = alloc("activations", n32)
+    free(r4)
+    p1, p2, p3 = alloc("activations", n32), alloc("activations", n32), alloc("activations", n32)
+    prog.free_all([p2, p1, expanded, x32, p3])
+    resid = alloc("activations", T * h * e)
+    free(g_in)
+    return resid, weight_grad
 
 
 def logits_and_loss_forward(prog: Program, ctx: Ctx, held: int = 0, cast_input: bool = False) -> list[int]:

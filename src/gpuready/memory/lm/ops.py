@@ -4,9 +4,13 @@ and eager attention without autograd, the rotary tables, eager attention's mask 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from gpuready.memory.lm.autograd import Layer
 from gpuready.memory.lm.context import Ctx, softmax_upcast_copy
 from gpuready.memory.program import Program
+from gpuready.memory.template import Batch, PerBatch
 from gpuready.models.spec import ModelSpec
 from gpuready.units import MIB
 
@@ -192,7 +196,22 @@ def _last_pow2(n: int) -> int:
     return 1 << (n.bit_length() - 1)
 
 
-def reduce_buffer_bytes(outputs: int, rows: int, sms: int = REDUCE_SMS) -> int:
+@dataclass(frozen=True)
+class _ReduceAt:
+    """reduce_buffer_bytes of `outputs` over `a * batch + c` rows, as a function of the batch (equal by value, so
+    that two recordings of one template compare equal)."""
+
+    outputs: int
+    a: int
+    c: int
+    sms: int
+
+    def __call__(self, batch: int) -> int:
+        nbytes: int = reduce_buffer_bytes(self.outputs, self.a * batch + self.c, self.sms)
+        return nbytes
+
+
+def reduce_buffer_bytes(outputs: int, rows: Any, sms: int = REDUCE_SMS) -> Any:
     """The global staging buffer of a CUDA sum over `rows` into `outputs` contiguous sums (a bias's or a norm
     weight's gradient), as ATen's Reduce.cuh (setReduceConfig) sizes it for a reduction over the slower dimension:
     outputs are read 4 at a time (when 4 divides them), a block is `width` output lanes x `height` rows of threads
@@ -204,7 +223,14 @@ def reduce_buffer_bytes(outputs: int, rows: int, sms: int = REDUCE_SMS) -> int:
     132 MiB for 6144 or 8192 outputs (ft_pythia1b_b8), 64 MiB for 1024 outputs (ft_pythia410m_b8), 132 MiB for 2048
     outputs over 32768 rows (ft_llama1b_mixed_ckpt_s4096), 132 MiB (138,412,032 and 139,198,464 B) for GPT-2's 3072
     and 2304 bias outputs over 8192 rows (ac_gpt2_full_b8), 132 MiB for ViT-B's 768 over 25,216 rows
-    (h30_hf_vitb_bf16_b128). Zero when no global reduction is made."""
+    (h30_hf_vitb_bf16_b128). Zero when no global reduction is made.
+
+    Never falls as `rows` grows: below 128 rows it is zero (fewer than 256 values per thread); from 128 the block's
+    shape no longer depends on the rows, the values per thread and so the blocks per output only grow, and each
+    condition for a zero (too few values, one block per output) holds below a threshold only. So with the rows a
+    batch-template symbol (template.Batch) it is a template.PerBatch, worked out at each batch the template writes."""
+    if isinstance(rows, Batch):
+        return PerBatch(_ReduceAt(outputs, rows.a, rows.c, sms))
     if outputs < 1 or rows < 1:
         return 0
     vec = 4

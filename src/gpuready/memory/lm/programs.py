@@ -15,6 +15,7 @@ from gpuready.memory.lm.fsdp import Fsdp
 from gpuready.memory.lm.lora_recorded import lora_recorded
 from gpuready.memory.lm.loss import (
     final_norm_backward_frozen,
+    final_norm_backward_trainable,
     final_norm_forward,
     logits_and_loss_backward,
     logits_and_loss_forward,
@@ -190,6 +191,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                         prog.free(x)
                     x, replaced = outs[0], True
             head_cast = norm_out = frozen_out = 0
+            norm_trains = False
             if ckpt_casts:
                 # the final norm on the fp32 residual (ft_llama1b_mixed_ckpt_s4096): pow (a temporary), x * rsqrt
                 # (kept for the weight's gradient), weight * y (the output); lm_head's weight copy, the output cast
@@ -217,6 +219,8 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 x = 0
             elif recorded_layer_order(ctx, spec.layers - 1) and spec.model_type != "gemma2":
                 final, x, frozen_out = final_norm_forward(prog, ctx, x)
+                # its weight trains in 16 bits without autocast: its backward as recorded (loss.py)
+                norm_trains = ctx.full and not ctx.dt.autocast and ctx.dt.resid == 2 and not fsdp
             else:
                 final = [prog.alloc("activations", T * h * 4)]  # final norm keeps its fp32 input
                 if ctx.dt.autocast:
@@ -298,6 +302,13 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
             elif frozen_out and not neox:
                 dx = final_norm_backward_frozen(prog, ctx, dx, final)  # frees the fp32 input and rsqrt it kept
                 final = []
+            elif norm_trains and g:
+                dx, norm_grad = final_norm_backward_trainable(prog, ctx, dx, final)
+                final = []
+                if accumulate:
+                    prog.free(norm_grad)
+                else:
+                    grads.append(norm_grad)
             if recorded_mixed:
                 # the final norm's backward (ft_llama1b_mixed_ckpt_s4096): its weight's gradient and reduction, then
                 # the input's gradient: the residual stream's gradient buffer, which the layers' backward add into
