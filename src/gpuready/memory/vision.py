@@ -43,10 +43,16 @@ LARGE_ELEMENTS = 2**31 - 1
 # left out: 0.2-0.5 GiB at 2048 images). Past 2**31 input elements cuDNN picks otherwise (h36_*_b4000_cap40: 1x1
 # convolutions 2-3.3x, the stem 1.0x).
 INFER_WORKSPACE_PER_OUTPUT = {(7, 2): 1.5, (3, 1): 2.0, (3, 2): 5.0, (1, 2): 3.0}
-# fp16 takes the same (h39_resnet50_inf_fp16_b3000_cap24, the stages past 2**31); fp32 others
+# fp16 takes the same but for the stem, 1.25x (h41_resnet50_inf_fp16_b512 and h40_infer_resnet18_fp16_b1024; the
+# stages of h39_resnet50_inf_fp16_b3000_cap24 past 2**31 as bf16's). ResNet-18's basic blocks take other multiples
+# again for their strided convolutions (3x3/2 3.0x, the projection none or 3.0x), which the table leaves at the
+# bottleneck's: they run on maps a quarter of the stem's and set no peak. Each workspace also has a constant part,
+# left out: a 3x3's is its filter's size plus about 147 bytes (73,875 B for 64 x 64 channels in 16 bits, 1,179,795 B
+# for 256 x 256; the same at every batch), the stem's 25,104 B in fp16 and 50,192 B in bf16. fp32 others
 # (h39_resnet18_inf_fp32_b1508_cap16: the stem 1.19x, 3x3 2.0-2.06x, 3x3/2 2.0-3.03x, the 1x1/2 projection none
 # but on the last stage 2.0x), taken at the top of each range
 INFER_WORKSPACE_PER_OUTPUT_FP32 = {(7, 2): 1.19, (3, 1): 2.06, (3, 2): 3.03, (1, 2): 2.0}
+INFER_WORKSPACE_PER_OUTPUT_FP16 = {**INFER_WORKSPACE_PER_OUTPUT, (7, 2): 1.25}
 # ... and the stem's and a 1x1's when its input or output has 2**31 elements or more: the largest workspace those
 # histories record there, the stem's at both 4000 and 4050 images (the 1x1s took 5.37e9 and 6.44e9 bytes)
 LARGE_CONV_WORKSPACE = 6_440_240_144
@@ -235,7 +241,13 @@ def _resnet_nograd(prog: Program, spec: ModelSpec, w: Workload, first: bool) -> 
         return B * conv.cout * _side(img, scale) ** 2 * e
 
     bf16 = w.precision in ("bf16", "mixed")  # (fp16 makes no copy: h39_resnet50_inf_fp16_b3000_cap24)
-    ratios = INFER_WORKSPACE_PER_OUTPUT if e == 2 else INFER_WORKSPACE_PER_OUTPUT_FP32
+    ratios = (
+        INFER_WORKSPACE_PER_OUTPUT_FP32
+        if e == 4
+        else INFER_WORKSPACE_PER_OUTPUT_FP16
+        if w.precision == "fp16"
+        else INFER_WORKSPACE_PER_OUTPUT
+    )
 
     def batch_norm(k: int) -> int:
         """Batch norm's output over conv k's; in bf16 from 2**31 elements on, the op also holds an fp32 copy of its
