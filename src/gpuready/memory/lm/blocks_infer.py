@@ -430,10 +430,16 @@ def _neox_block_nograd(
     free(act)
     free(ln2)
     s1 = alloc("activations", T * h * r)  # mlp_output + attn_output
-    free(mlp)
-    free(attn)
-    x2 = alloc("activations", T * h * r)  # ... + hidden_states
-    free(s1)
+    if ctx.w.task == "train":
+        # a checkpointed layer's first pass in train mode: the sum first, then the locals as forward returns
+        # (h37_lora_pythia1b_ckpt_b8, h40_qlora_pythia1b_ckpt_b8: the partial sum, attn_output, mlp_output)
+        x2 = alloc("activations", T * h * r)
+        prog.free_all([s1, attn, mlp])
+    else:
+        free(mlp)
+        free(attn)
+        x2 = alloc("activations", T * h * r)  # ... + hidden_states
+        free(s1)
     if not keep_input:
         prog.free(x)
     return x2, kept
