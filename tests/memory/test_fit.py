@@ -98,7 +98,8 @@ def test_margins_rest_on_measurements() -> None:
     assert fit_margin_bytes("vit", 100 * MIB, 10_000 * MIB) == 45 * MIB
     assert fit_margin_bytes("vit_train", 100 * MIB, 10_000 * MIB) == 100 * MIB
     assert release_margin_bytes("conv", 100 * MIB) == 0
-    assert fit_margin_bytes("conv", 100 * MIB, 10_000 * MIB) == 100 * MIB
+    # session 13: ResNet training's program makes its cuDNN workspaces (memory/resnet_train.py): 20% where it was 100%
+    assert fit_margin_bytes("conv", 100 * MIB, 10_000 * MIB) == 20 * MIB
     assert fit_margin_bytes("generate", 100 * MIB, 10_000 * MIB) == 400 * MIB
     assert fit_margin_bytes("generate", 2_000 * MIB, 1_000 * MIB) == 900 * MIB
 

@@ -532,3 +532,25 @@ def test_resnet_inference_in_fp16_and_fp32_as_recorded() -> None:
     copy = 3000 * 64 * 112 * 112 * 4  # the bf16 job's batch-norm copy at this batch
     bf16 = estimate(job("resnet50 --task infer --precision bf16 --batch 3000"))
     assert bf16.peak_allocated_bytes - predicted.peak_allocated_bytes > 0.5 * copy
+
+
+@pytest.mark.parametrize(
+    ("name", "job"),
+    [
+        ("h40_train_resnet18_bf16_b512", "resnet18 --batch 512 --precision bf16"),
+        ("h34_resnet50_bf16_b128", "resnet50 --batch 128 --precision bf16"),
+        ("h34_resnet18_fp32_b64_320", "resnet18 --batch 64 --image-size 320 --precision fp32"),
+        ("h41_resnet101_train_mixed_b96", "resnet101 --batch 96 --precision mixed"),
+    ],
+)
+def test_resnet_training_keeps_what_the_histories_keep(name: str, job: str) -> None:
+    """ResNet training op by op (memory/resnet_train.py): peak allocated within 1% of the GPU's in basic and
+    bottleneck blocks, in bf16, fp32 and under autocast (within 0.5-4.4% before); the reserve at least the replay's
+    and at most 12% over the GPU's (the floor of six largest feature maps)."""
+    from gpuready.memory import estimate
+    from gpuready.workload import workload_from_args
+
+    doc = load_history(HISTORIES / f"{name}.json.gz")
+    est = estimate(workload_from_args([*job.split(), "--task", "train"]))
+    assert est.peak_allocated_bytes == pytest.approx(doc["peak_allocated_bytes"], rel=0.01)
+    assert -0.05 < est.peak_reserved_bytes / doc["peak_reserved_bytes"] - 1 < 0.12

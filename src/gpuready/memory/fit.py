@@ -71,9 +71,13 @@ class Replayable(NamedTuple):
 #   forward and 3.7-5.4x backward at batches up to 128, none forward at 1360 (histories h29-h33); vit_b_16 bf16 on an
 #   80 GiB card ran 1355 and failed at 1360 (set 17; set 4 ran 1365), where the replay with the inference share
 #   (45%) promises 1366; the others of sets 8, 16 and 17 keep 80% with 100%;
-# - "conv" (ResNets), 100% of the largest single allocation (room for one cuDNN workspace): resnet50 fp32 on a
-#   24 GiB card ran 280, not 281 (needs over 44%); on 16 GiB 181, not 184 (over 53%); mixed on 40 GiB 920, not 934
-#   (over 48%);
+# - "conv" (ResNet training), 20% of the largest single allocation. It was 100% (room for one cuDNN workspace) while
+#   the program made no workspace: resnet50 fp32 on a 24 GiB card ran 280, not 281 (needs over 44%); on 16 GiB 181,
+#   not 184 (over 53%); mixed on 40 GiB 920, not 934 (over 48%). Since session 13 the single-GPU program makes each
+#   convolution's workspaces as the histories record them (memory/resnet_train.py; the stem's, 1.5x its output in
+#   bf16, is now the largest allocation) and the replay alone gives 280, 182, 929 and 376 (resnet101 bf16, 24 GiB:
+#   ran 376, failed 382) exact or within the unbracketed gap, and resnet18 bf16 on 24 GiB 1962 (ran 2022): 20% is
+#   the least share that keeps all five at or under what ran (15%: 922 where 920 ran and 934 failed);
 # - "generate" (inference with generated tokens), 4% of the limit, or 45% of the largest allocation when more:
 #   phi-3-mini, 512 + 256 tokens, on 40 GiB ran 78, not 79 (needs over 1.6% of the limit); mistral-7b, 1024 + 128,
 #   on 80 GiB ran 224, not 227 (over 0.8%); qwen2.5-7b, 2048 + 128, on 24 GiB ran 21 (at most 8.2% keeps 80% of it).
@@ -95,7 +99,7 @@ MARGIN_SHARE_OF_LARGEST = {
     "lm": 0.0,
     "vit": 0.45,
     "vit_train": 1.0,
-    "conv": 1.0,
+    "conv": 0.2,
     "conv_infer": 0.0,
     "generate": 0.45,
 }
@@ -109,8 +113,9 @@ MARGIN_NOTE = {
     "vit_train": "margin 100% of the largest single allocation, room for the patch convolution's cuDNN workspace "
     "(measured: vit_b_16 bf16 training on an 80 GiB card ran batch 1355, failed at 1360, where the replay alone "
     "promises 1366; docs/max_batch.md)",
-    "conv": "margin 100% of the largest single allocation, room for cuDNN's workspace (measured: resnet50 fp32 on a "
-    "24 GiB card ran batch 280, not 281; the replay alone promises 285; docs/max_batch.md)",
+    "conv": "margin 20% of the largest single allocation, for the weight gradients' larger cuDNN workspaces (measured: "
+    "resnet50 mixed on a 40 GiB card ran batch 920 and failed at 934, where the replay alone promises 929; "
+    "docs/max_batch.md)",
     "conv_infer": "margin 1% of the limit (measured: resnet50 bf16 inference on a 64 GiB card ran batch 6172 in one "
     "run and failed at 6183 in another, where the replay of the job, cuDNN's workspaces and batch norm's fp32 copies "
     "included, promises 6183; docs/max_batch.md)",

@@ -249,6 +249,7 @@ class Template:
     steps: list[int]
     per_batch: dict[int, Callable[[int], int]] = field(default_factory=dict)  # handle -> size at a batch
     min_batch: int = 1  # the first batch it writes out (below it the builders make another program)
+    cached_outside_per_batch: int = 0  # cached_outside_bytes grows by this much a batch
 
     def _c_at(self, batch: int) -> array[int]:
         """The constant terms at `batch`: c, with each PerBatch handle's size at that batch in its place."""
@@ -290,7 +291,7 @@ class Template:
             sizes=made.sizes,
             categories=list(self.categories),
             streams=dict(self.streams),
-            cached_outside_bytes=self.cached_outside_bytes,
+            cached_outside_bytes=self.cached_outside_bytes + self.cached_outside_per_batch * batch,
             step_starts=list(self.steps),
         )
         prog.events = made.events  # (int64 arrays: the replay and the breakdown read them as they are)
@@ -313,7 +314,7 @@ class Template:
             sizes=sizes,
             categories=list(self.categories),
             streams=dict(self.streams),
-            cached_outside_bytes=self.cached_outside_bytes,
+            cached_outside_bytes=self.cached_outside_bytes + self.cached_outside_per_batch * batch,
             step_starts=list(self.steps),
         )
         events = prog.events
@@ -385,7 +386,12 @@ def build_template(build: Callable[[Any], Program], workload: Any) -> Template |
     try:
         with _recording() as made:
             prog = build(symbolic)
-        if len(made) != 1 or made[0].prog is not prog or type(prog.cached_outside_bytes) is not int:
+        outside = prog.cached_outside_bytes
+        if isinstance(outside, Batch):  # (a cached block that grows with the batch: ResNet training's floor)
+            outside_per_batch, outside = outside.a, outside.c
+        else:
+            outside_per_batch = 0
+        if len(made) != 1 or made[0].prog is not prog or type(outside) is not int:
             return None
         rec = made[0]
         return Template(
@@ -395,10 +401,11 @@ def build_template(build: Callable[[Any], Program], workload: Any) -> Template |
             rec.phases,
             prog.categories,
             dict(prog.streams),
-            prog.cached_outside_bytes,
+            outside,
             list(rec.steps),
             dict(rec.per_batch),
             rec.min_batch,
+            outside_per_batch,
         )
     except Exception:  # NotAffine, or a TypeError where a builder used the batch as an int: build per batch
         return None

@@ -15,6 +15,7 @@ from gpuready.memory.dtypes import dtypes_for
 from gpuready.memory.lm.ops import CUBLAS_WORKSPACE_BYTES
 from gpuready.memory.optimizer import optimizer_step
 from gpuready.memory.program import Program
+from gpuready.memory.resnet_train import resnet_train_steps
 from gpuready.memory.vision_hf import Kept, Saved, hf_forward, hf_nograd, mlp_nograd, patch_embedding
 from gpuready.memory.vision_weights import load_for_inference, load_weights
 from gpuready.models.spec import ModelSpec
@@ -61,16 +62,18 @@ LARGE_CONV_WORKSPACE = 6_440_240_144
 def cudnn_workspace_bytes(spec: ModelSpec, w: Workload) -> int:
     """The cached cuDNN workspace segment a ResNet job holds at its peak (measured coefficients above)."""
     per_map = CUDNN_WORKSPACE_PER_LARGEST_MAP if w.training else CUDNN_INFER_WORKSPACE_PER_LARGEST_MAP
-    return int(per_map * resnet_largest_map_bytes(spec, w))
+    # (per image, then times the batch: affine in it, for the job's batch template)
+    return w.batch * int(per_map * _largest_map_per_image(spec, w))
 
 
 def resnet_largest_map_bytes(spec: ModelSpec, w: Workload) -> int:
+    return w.batch * _largest_map_per_image(spec, w)
+
+
+def _largest_map_per_image(spec: ModelSpec, w: Workload) -> int:
     e = dtypes_for(w).act
-    sizes = [
-        w.batch * c.cout * _side(w.image_size, s) ** 2 * e
-        for c, s in resnet_convs(spec.vision["block"], list(spec.vision["layers"]))
-    ]
-    return max(sizes)
+    convs = resnet_convs(spec.vision["block"], list(spec.vision["layers"]))
+    return max(c.cout * _side(w.image_size, s) ** 2 * e for c, s in convs)
 
 
 def _input_elements(batch: int, image: int, conv: Conv, scale: int) -> int:
@@ -224,6 +227,13 @@ def _vit_forward(prog: Program, spec: ModelSpec, w: Workload, workspace: bool = 
     return kept.saved
 
 
+def _conv_ratios(w: Workload) -> dict[tuple[int, int], float]:
+    """cuDNN's workspace per convolution output by (kernel, stride) for the job's dtype."""
+    if dtypes_for(w).act == 4:
+        return INFER_WORKSPACE_PER_OUTPUT_FP32
+    return INFER_WORKSPACE_PER_OUTPUT_FP16 if w.precision == "fp16" else INFER_WORKSPACE_PER_OUTPUT
+
+
 # -- inference: torch.no_grad() over a model left in train mode (the probe's `model(x)` twice) ----------------------
 def _resnet_nograd(prog: Program, spec: ModelSpec, w: Workload, first: bool) -> None:
     """ResNet's forward without autograd: each conv's output lives until batch norm has made its own; a block's
@@ -241,13 +251,7 @@ def _resnet_nograd(prog: Program, spec: ModelSpec, w: Workload, first: bool) -> 
         return B * conv.cout * _side(img, scale) ** 2 * e
 
     bf16 = w.precision in ("bf16", "mixed")  # (fp16 makes no copy: h39_resnet50_inf_fp16_b3000_cap24)
-    ratios = (
-        INFER_WORKSPACE_PER_OUTPUT_FP32
-        if e == 4
-        else INFER_WORKSPACE_PER_OUTPUT_FP16
-        if w.precision == "fp16"
-        else INFER_WORKSPACE_PER_OUTPUT
-    )
+    ratios = _conv_ratios(w)
 
     def batch_norm(k: int) -> int:
         """Batch norm's output over conv k's; in bf16 from 2**31 elements on, the op also holds an fp32 copy of its
@@ -391,9 +395,16 @@ def vision_program(spec: ModelSpec, w: Workload) -> Program:
     if not w.training:
         return _inference_program(spec, w)
     prog = Program()
+    dt = dtypes_for(w)
+    if spec.model_type == "resnet" and w.gpus == 1:
+        # op by op as recorded (memory/resnet_train.py), the reserve kept at its floor of six largest maps; DDP keeps
+        # the coarser program below
+        prog.cached_outside_bytes = cudnn_workspace_bytes(spec, w)
+        trainable = load_weights(prog, spec, w)
+        resnet_train_steps(prog, spec, w, trainable, _conv_ratios(w))
+        return prog
     if spec.model_type == "resnet":
         prog.cached_outside_bytes = cudnn_workspace_bytes(spec, w)
-    dt = dtypes_for(w)
     trainable = load_weights(prog, spec, w)
     if spec.model_type != "resnet":
         # the batch, made once after the model and held through every step (the probe's x and y, as a training loop
