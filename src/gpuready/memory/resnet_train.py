@@ -28,6 +28,13 @@ falls 1-27% short of the recorded reserves: the weight gradients' larger workspa
 (a bottleneck's 1x1 weight gradient takes up to 5x its output) make segments the program does not, so the reserve
 keeps its floor of six largest feature maps (vision.cudnn_workspace_bytes). The weights and AdamW's states stay one
 block each.
+
+What the weight gradients' workspaces add, measured (not modelled): over the input gradient's, a 3x3 takes
+468 B x cin x cout at 56 x 56 and 28 x 28 at every recorded batch (96-512 images: 13 fp32 split-K partials of the
+9 taps), 72-252 B x cin x cout at 14 x 14 (2-7 splits as the batch grows: 96, 128, 512 images) and 12-30 at 7 x 7;
+a strided 1x1 projection 16-192 B x cin x cout; the stem 6.1 MB at 512 images in bf16. With h40_train_resnet18's
+own figures put in per convolution, the replay alone comes to 9.01 GiB against the GPU's 9.36 (6.87 without): the
+split counts at other batches and shapes are what a model of them would need.
 """
 
 from __future__ import annotations
