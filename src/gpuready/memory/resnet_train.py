@@ -44,21 +44,13 @@ from gpuready.memory.lm.ops import CUBLAS_WORKSPACE_BYTES
 from gpuready.memory.optimizer import Trainable, optimizer_step
 from gpuready.memory.program import Program
 from gpuready.models.spec import ModelSpec
-from gpuready.models.vision import Conv, resnet_convs
+from gpuready.models.vision import Conv, conv_side, resnet_convs
 from gpuready.workload import Workload
 
 CLASSES = 1000
 FIRST_MATMUL_BLOCK = 1 << 20  # the 1 MiB block the first step's first matmul makes and keeps (all four histories)
 WORKSPACE_EXTRA = 147  # bytes past the multiple (and a 3x3's filter copy) in every recorded convolution workspace
 STEM_WORKSPACE_EXTRA = {"bf16": 50_192, "fp16": 25_104}  # the stem's instead (fp32: none seen beside its multiple)
-
-
-def _side(image: int, scale: int) -> int:
-    side, s = image, 1
-    while s < scale:
-        side = (side + 1) // 2
-        s *= 2
-    return side
 
 
 class _Step:
@@ -95,11 +87,11 @@ class _Step:
 
     def out_per_image(self, k: int) -> int:
         conv, scale = self.convs[k]
-        return conv.cout * _side(self.w.image_size, scale) ** 2 * self.e
+        return conv.cout * conv_side(self.w.image_size, scale) ** 2 * self.e
 
     def in_bytes(self, k: int) -> int:
         conv, scale = self.convs[k]
-        return self.w.batch * conv.cin * _side(self.w.image_size, scale // conv.stride) ** 2 * self.e
+        return self.w.batch * conv.cin * conv_side(self.w.image_size, scale // conv.stride) ** 2 * self.e
 
     def workspace(self, k: int) -> int:
         conv = self.convs[k][0]
@@ -219,7 +211,7 @@ def _micro_batch(prog: Program, w: Workload, s: _Step, bottleneck: bool, first: 
     alloc, free = prog.alloc, prog.free
     prog.set_phase("forward")
     stem = s.conv_bn(0, alloc("activations", B * 3 * img * img * 2) if auto else 0)
-    pooled = B * convs[0][0].cout * _side(img, 4) ** 2
+    pooled = B * convs[0][0].cout * conv_side(img, 4) ** 2
     pool_out, indices = alloc("activations", pooled * e), alloc("activations", pooled * 8)
     x, k = pool_out, 1
     blocks: list[tuple[int, int, bool]] = []  # (first conv, block input, has a projection)

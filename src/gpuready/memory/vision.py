@@ -19,7 +19,7 @@ from gpuready.memory.resnet_train import resnet_train_steps
 from gpuready.memory.vision_hf import Kept, Saved, hf_forward, hf_nograd, mlp_nograd, patch_embedding
 from gpuready.memory.vision_weights import load_for_inference, load_weights
 from gpuready.models.spec import ModelSpec
-from gpuready.models.vision import Conv, resnet_convs
+from gpuready.models.vision import Conv, conv_side, resnet_convs
 from gpuready.workload import Workload
 
 # cuDNN convolution workspaces come from PyTorch's caching allocator (aten/src/ATen/native/cudnn/Conv_v8.cpp) and
@@ -73,22 +73,12 @@ def resnet_largest_map_bytes(spec: ModelSpec, w: Workload) -> int:
 def _largest_map_per_image(spec: ModelSpec, w: Workload) -> int:
     e = dtypes_for(w).act
     convs = resnet_convs(spec.vision["block"], list(spec.vision["layers"]))
-    return max(c.cout * _side(w.image_size, s) ** 2 * e for c, s in convs)
+    return max(c.cout * conv_side(w.image_size, s) ** 2 * e for c, s in convs)
 
 
 def _input_elements(batch: int, image: int, conv: Conv, scale: int) -> int:
     """The elements of a convolution's input, `scale` being its output's downscale (the stem's input: the images)."""
-    return batch * conv.cin * _side(image, scale // conv.stride) ** 2
-
-
-def _side(image: int, scale: int) -> int:
-    # each stride-2 stage halves the side, rounding up (padding=1 convs and pools)
-    side = image
-    s = 1
-    while s < scale:
-        side = (side + 1) // 2
-        s *= 2
-    return side
+    return batch * conv.cin * conv_side(image, scale // conv.stride) ** 2
 
 
 def _resnet_forward(prog: Program, spec: ModelSpec, w: Workload) -> list[Saved]:
@@ -107,7 +97,7 @@ def _resnet_forward(prog: Program, spec: ModelSpec, w: Workload) -> list[Saved]:
         save(B * 3 * img * img * 2, 0)  # autocast's bf16 copy of the images, kept by the first conv
     prev = B * 3 * img * img * e  # the tensor the next convolution reads
     for conv, scale in resnet_convs(cfg["block"], list(cfg["layers"])):
-        side = _side(img, scale)
+        side = conv_side(img, scale)
         out = B * conv.cout * side * side * e
         wgrad = conv.cin * conv.cout * conv.kernel**2 * dt.param
         cin_bytes = prev if not conv.downsample else _input_elements(B, img, conv, scale) * e
@@ -121,7 +111,7 @@ def _resnet_forward(prog: Program, spec: ModelSpec, w: Workload) -> list[Saved]:
             save(out, out)  # batch-norm output, kept by the in-place ReLU (or the residual add's ReLU)
             prev = out
         if scale == 2:  # the stem's 3x3/2 max pool keeps int64 indices of its output
-            pooled = B * conv.cout * _side(img, 4) ** 2
+            pooled = B * conv.cout * conv_side(img, 4) ** 2
             save(pooled * 8, 0)
             save(pooled * e, pooled * e)
             prev = pooled * e
@@ -248,7 +238,7 @@ def _resnet_nograd(prog: Program, spec: ModelSpec, w: Workload, first: bool) -> 
 
     def out_bytes(k: int) -> int:
         conv, scale = convs[k]
-        return B * conv.cout * _side(img, scale) ** 2 * e
+        return B * conv.cout * conv_side(img, scale) ** 2 * e
 
     bf16 = w.precision in ("bf16", "mixed")  # (fp16 makes no copy: h39_resnet50_inf_fp16_b3000_cap24)
     ratios = _conv_ratios(w)
@@ -278,7 +268,7 @@ def _resnet_nograd(prog: Program, spec: ModelSpec, w: Workload, first: bool) -> 
     prog.free(cast)
     b = batch_norm(0)
     prog.free(c)
-    pooled = B * convs[0][0].cout * _side(img, 4) ** 2
+    pooled = B * convs[0][0].cout * conv_side(img, 4) ** 2
     x = prog.alloc("activations", pooled * e)
     prog.transient("activations", pooled * 8)
     prog.free(b)

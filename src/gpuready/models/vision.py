@@ -28,6 +28,16 @@ class Conv:
     downsample: bool = False  # the 1x1 projection of a stage's first block (its BN output is added, not kept)
 
 
+def conv_side(image: int, scale: int) -> int:
+    """The side of a ResNet feature map `scale` times smaller than the image: each stride-2 stage halves the side,
+    rounding up (padding=1 convolutions and pools)."""
+    side, s = image, 1
+    while s < scale:
+        side = (side + 1) // 2
+        s *= 2
+    return side
+
+
 def resnet_convs(block: str, layers: list[int]) -> list[tuple[Conv, int]]:
     """Every conv with its output downscale factor relative to the input image (e.g. 4 after the stem pool)."""
     convs: list[tuple[Conv, int]] = [(Conv(3, 64, 7, 2, True), 2)]

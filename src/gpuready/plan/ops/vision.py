@@ -6,18 +6,10 @@ from __future__ import annotations
 
 from gpuready.memory.dtypes import dtypes_for
 from gpuready.models.spec import ModelSpec
-from gpuready.models.vision import resnet_convs
+from gpuready.models.vision import conv_side, resnet_convs
 from gpuready.plan.ops.attention import _attention
 from gpuready.plan.ops.base import Math, Op, _linear, _matmul_math, _mem, _Steps
 from gpuready.workload import Workload
-
-
-def _side(image: int, scale: int) -> int:
-    side, f = image, 1
-    while f < scale:
-        side = (side + 1) // 2
-        f *= 2
-    return side
 
 
 def vision_ops(spec: ModelSpec, w: Workload, *, training: bool | None = None) -> list[Op]:
@@ -32,9 +24,9 @@ def vision_ops(spec: ModelSpec, w: Workload, *, training: bool | None = None) ->
         conv_math: Math = "tf32" if w.precision == "fp32" else "half"
         first = True
         for conv, scale in resnet_convs(cfg["block"], list(cfg["layers"])):
-            side = _side(img, scale)
+            side = conv_side(img, scale)
             m, n, k = B * side * side, conv.cout, conv.cin * conv.kernel**2
-            in_side = _side(img, scale // conv.stride) if scale > 2 else img
+            in_side = conv_side(img, scale // conv.stride) if scale > 2 else img
             op = Op(
                 "conv",
                 "matmul",
