@@ -21,7 +21,7 @@ def test_each_module_registers_exactly_the_commands_the_table_names() -> None:
 def test_a_run_builds_only_its_commands_module() -> None:
     assert app_module._modules_for(["estimate", "llama-3.1-8b", "--batch", "2"]) == ("gpuready.cli.estimate",)
     assert app_module._modules_for(["storage", "dupes", "/data"]) == ("gpuready.cli.storage",)
-    assert app_module._modules_for(["manifest", "verify", "x"]) == ("gpuready.cli.storage",)
+    assert app_module._modules_for(["manifest", "verify", "x"]) == ("gpuready.cli.sync",)
     everything = tuple(app_module.COMMAND_MODULES)
     assert app_module._modules_for([]) == everything
     assert app_module._modules_for(["--help"]) == everything

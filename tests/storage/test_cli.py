@@ -174,9 +174,9 @@ def test_dupes_json_is_written_group_by_group_as_the_same_document(
 def test_the_progress_bar_draws_without_a_thread_so_dupes_may_fork_its_readers() -> None:
     import threading
 
-    from gpuready.cli.storage import _progress
+    from gpuready.cli.storage import progress_bars
 
-    with _progress(True) as update:
+    with progress_bars(True) as update:
         for done in range(0, 10_000, 2048):
             update("hashing small files", done, 10_000)
             assert threading.active_count() == 1

@@ -45,7 +45,8 @@ COMMAND_MODULES = {
     "gpuready.cli.estimate": ("estimate",),
     "gpuready.cli.models": ("models", "gpus"),
     "gpuready.cli.plan": ("plan",),
-    "gpuready.cli.storage": ("storage", "manifest", "sync"),
+    "gpuready.cli.storage": ("storage",),
+    "gpuready.cli.sync": ("manifest", "sync"),
     "gpuready.cli.trial": ("trial", "history"),
 }
 

@@ -1,10 +1,10 @@
-"""`gpuready storage [PATH]`, `storage dupes PATH...`, `manifest create|verify`, `sync SRC DEST`."""
+"""`gpuready storage [PATH]` and `storage dupes PATH...`; the progress bars and path display `manifest` and `sync`
+share (cli/sync.py)."""
 
 # no `from __future__ import annotations`: with_workload copies this module's annotations as they are, and
 # typer does not resolve string annotations of a wrapped function (the --json flag became --json-out).
 
 import contextlib
-import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -47,13 +47,6 @@ def register(app: typer.Typer) -> None:
     storage_app.command("show", hidden=True, help="Mounts, caches, project folders and advice.")(storage_cmd)
     storage_app.command("dupes", help="Find duplicate files; remove or hard-link them with a plan.")(dupes_cmd)
     app.add_typer(storage_app, name="storage")
-    manifest_app = typer.Typer(no_args_is_help=True, help="Checksum manifests that b3sum -c / sha256sum -c accept.")
-    manifest_app.command("create", help="Hash every file under DIR into FILE (+ FILE.json).")(manifest_create_cmd)
-    manifest_app.command("verify", help="Name every changed, missing and extra file; exit 1 on any.")(
-        manifest_verify_cmd
-    )
-    app.add_typer(manifest_app, name="manifest")
-    app.command("sync", help="Copy SRC to DEST with rsync (rclone for remotes), then verify DEST.")(sync_cmd)
 
 
 def escape(text: str) -> str:
@@ -62,7 +55,7 @@ def escape(text: str) -> str:
     return rich_escape(text)
 
 
-def _console() -> Any:
+def make_console() -> Any:
     from rich.console import Console
 
     return Console()
@@ -82,7 +75,7 @@ def progress_amount(stage: str, done: int, total: int) -> str:
 
 
 @contextlib.contextmanager
-def _progress(enabled: bool) -> Iterator[Callable[[str, int, int], None]]:
+def progress_bars(enabled: bool) -> Iterator[Callable[[str, int, int], None]]:
     """A stage-aware progress callback drawing rich bars on stderr; a no-op under --json and when stderr is not a
     terminal (a log or a pipe gets no bars, nor the blank line a finished bar leaves).
 
@@ -165,7 +158,7 @@ def storage_cmd(
 def _print_storage(report: Any) -> None:
     from rich.table import Table
 
-    con = _console()
+    con = make_console()
     t = Table(title="Mounts" + (f" ({', '.join(report.mounts.platforms)} layout)" if report.mounts.platforms else ""))
     for col in ("mount", "kind", "fs", "source", "size", "free", "holds", "typical on this platform"):
         t.add_column(col, overflow="fold")
@@ -306,7 +299,7 @@ def dupes_cmd(
     if remove and hardlink:
         raise InputError("--remove/--hardlink", "choose one")
     min_bytes = parse_size(min_size, "--min-size")
-    with _progress(not json_out) as progress:
+    with progress_bars(not json_out) as progress:
         report = find_duplicates(paths, min_size=min_bytes, progress=progress)
     plan = make_plan(report, "remove" if remove else "hardlink") if (remove or hardlink) else None
     applied = apply_plan(plan) if plan is not None and yes and not dry_run else None
@@ -362,153 +355,3 @@ def dupes_cmd(
     out.write(f"done: {len(applied.done)}, freed {format_bytes(applied.freed_bytes)}\n")
     for path, why in applied.skipped:
         out.write(f"skipped {shown(path)}: {why}\n")
-
-
-# --------------------------------------------------------------------------------------------- manifest
-
-
-def manifest_create_cmd(
-    directory: Annotated[str, typer.Argument(metavar="DIR", help="folder to hash")],
-    output: Annotated[str, typer.Option("-o", "--output", help="manifest file (e.g. manifest.b3)")],
-    algo: Annotated[str | None, typer.Option(help="blake3 or sha256 [default: by extension, else blake3]")] = None,
-    json_out: JsonOpt = False,
-) -> None:
-    from gpuready.storage import create_manifest
-
-    with _progress(not json_out) as progress:
-        res = create_manifest(directory, output, algorithm=algo, progress=lambda d, t: progress("hashing", d, t))
-    if json_out:
-        print_json(res.to_json())
-    else:
-        con = _console()
-        con.print(
-            f"{res.manifest}: {res.files} files, {format_bytes(res.total_bytes)} ({res.algorithm}), "
-            f"{res.seconds:.1f} s; counts in {res.meta}"
-        )
-        for label, items in (
-            ("changed while read (left out)", res.changed_files),
-            ("unreadable files (left out)", res.unreadable_files),
-            ("unreadable folders (skipped)", res.unreadable_dirs),
-        ):
-            for p in items:
-                con.print(f"[red]{label}:[/red] {escape(shown(p))}", highlight=False)
-        if res.symlinks_skipped:
-            con.print(f"{res.symlinks_skipped} symlink(s) leaving the tree not followed")
-    if not res.complete:
-        raise typer.Exit(1)
-
-
-def manifest_verify_cmd(
-    file: Annotated[str, typer.Argument(metavar="FILE", help="manifest written by `manifest create`")],
-    directory: Annotated[
-        str | None, typer.Argument(metavar="[DIR]", help="folder to check [default: the manifest's folder]")
-    ] = None,
-    root: Annotated[str | None, typer.Option(help="same as DIR")] = None,
-    algo: Annotated[str | None, typer.Option(help="blake3 or sha256 [default: recorded, else by extension]")] = None,
-    json_out: JsonOpt = False,
-) -> None:
-    from gpuready.errors import InputError
-    from gpuready.storage import verify_manifest
-
-    if directory is not None and root is not None and directory != root:
-        raise InputError("--root", "give the folder once, as DIR or as --root")
-    with _progress(not json_out) as progress:
-        res = verify_manifest(
-            file, directory or root, algorithm=algo, progress=lambda d, t: progress("verifying", d, t)
-        )
-    if json_out:
-        print_json(res.to_json())
-    else:
-        _print_verify(res)
-    if not res.ok:
-        raise typer.Exit(1)
-
-
-def _print_verify(res: Any) -> None:
-    con = _console()
-    for label, items in (
-        ("changed", res.changed),
-        ("missing", res.missing),
-        ("extra", res.extra),
-        ("unreadable", res.unreadable),
-        ("changed while read", res.changed_during_read),
-    ):
-        if label == "extra" and not res.extra_fails:
-            for p in items:
-                con.print(f"[yellow]in DEST only (kept):[/yellow] {escape(shown(p))}", highlight=False)
-            continue
-        for p in items:
-            con.print(f"[red]{label}:[/red] {escape(shown(p))}", highlight=False)
-    if res.malformed_lines:
-        con.print(f"[red]{res.malformed_lines} malformed line(s) in the manifest[/red]")
-    if res.incomplete_manifest:
-        con.print("[red]the manifest has fewer lines than its .json says: it was cut short[/red]")
-    status = "OK" if res.ok else "FAILED"
-    con.print(
-        f"{status}: {res.checked}/{res.expected_files} files checked under {escape(shown(res.root))} "
-        f"({res.seconds:.1f} s)",
-        highlight=False,
-    )
-    if res.recorded_root and os.path.realpath(res.recorded_root) != os.path.realpath(res.root):
-        con.print(
-            f"(made under {escape(shown(res.recorded_root))}; checked here. To check that folder: gpuready "
-            f"manifest verify {escape(shown(res.manifest))} {escape(shown(res.recorded_root))})",
-            highlight=False,
-        )
-
-
-# --------------------------------------------------------------------------------------------- sync
-
-
-def sync_cmd(
-    src: Annotated[str, typer.Argument(metavar="SRC", help="folder to copy")],
-    dest: Annotated[str, typer.Argument(metavar="DEST", help="folder, host:path, or rclone remote:path")],
-    checksum: Annotated[bool, typer.Option("--checksum", help="rsync compares content, not size+time")] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="show what would be copied")] = False,
-    delete: Annotated[
-        bool, typer.Option("--delete", help="also delete files in DEST that SRC lacks (lists them; needs --yes)")
-    ] = False,
-    yes: Annotated[bool, typer.Option("--yes", help="carry out --delete")] = False,
-    bwlimit: Annotated[str, typer.Option(help="limit the copy rate, e.g. 20M (bytes/s; rsync --bwlimit)")] = "",
-    timeout: Annotated[float, typer.Option(help="seconds before the copy is stopped")] = 24 * 3600,
-    json_out: JsonOpt = False,
-) -> None:
-    from gpuready.storage import SubprocessRunner, sync
-
-    with _progress(not json_out) as progress:
-        res = sync(
-            src,
-            dest,
-            runner=SubprocessRunner(),
-            timeout=timeout,
-            checksum=checksum,
-            dry_run=dry_run,
-            delete=delete,
-            yes=yes,
-            bwlimit=bwlimit,
-            copy_progress=lambda d, t: progress("copying", d, t),
-            verify_progress=lambda d, t: progress("verifying", d, t),
-        )
-    if json_out:
-        print_json(res.to_json())
-    else:
-        con = _console()
-        if res.verify is not None:
-            _print_verify(res.verify)
-        for p in res.differences:
-            con.print(f"[red]differs:[/red] {escape(shown(p))}", highlight=False)
-        for p in res.to_delete:
-            con.print(f"  would delete {escape(shown(p))}", highlight=False)
-        for note in res.notes:
-            con.print(f"[yellow]note:[/yellow] {escape(note)}", highlight=False)
-        con.print(
-            f"{'OK' if res.ok else 'NOT DONE'}: {escape(res.message)} ({res.source_files} files, "
-            f"{format_bytes(res.source_bytes)}, {res.tool})",
-            highlight=False,
-        )
-        if res.fix:
-            con.print(f"[bold]fix:[/bold] {escape(res.fix)}", highlight=False)
-    if res.interrupted:
-        raise typer.Exit(130)
-    if not res.ok and not dry_run and not res.to_delete and not (delete and not yes):
-        raise typer.Exit(1)
