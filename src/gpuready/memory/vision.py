@@ -129,7 +129,8 @@ def _vit_forward(prog: Program, spec: ModelSpec, w: Workload, workspace: bool = 
     cfg = spec.vision
     B, img = w.batch, w.image_size
     hdim, mlp, p = cfg["hidden_dim"], cfg["mlp_dim"], cfg["patch_size"]
-    T = B * ((img // p) ** 2 + 1)
+    per_image = (img // p) ** 2 + 1  # the patches and the class token
+    T = B * per_image
     # (every Linear's bias gradient takes its reduction buffer: h29_vit_l16_mixed_b32 shows in_proj's, out_proj's,
     # fc1's and fc2's)
     kept = Kept(prog, T)
@@ -177,7 +178,7 @@ def _vit_forward(prog: Program, spec: ModelSpec, w: Workload, workspace: bool = 
         save(T * 3 * hdim * e, T * 3 * hdim * e)
         prog.free(t)
         save(T * hdim * e)  # attention output
-        save(B * cfg["num_heads"] * (T // B) * 4 if heads else 0)  # log-sum-exp
+        save(B * cfg["num_heads"] * per_image * 4 if heads else 0)  # log-sum-exp
         copy(hdim * hdim)
         # out_proj reads the attention output permuted to (tokens, batch, ...) and made contiguous: flash attention
         # (16-bit) writes its output in q's layout, which is that order, so no copy is made (h29_vit_l16_mixed_b32);
