@@ -50,7 +50,7 @@ from gpuready.workload import Workload
 CLASSES = 1000
 FIRST_MATMUL_BLOCK = 1 << 20  # the 1 MiB block the first step's first matmul makes and keeps (all four histories)
 WORKSPACE_EXTRA = 147  # bytes past the multiple (and a 3x3's filter copy) in every recorded convolution workspace
-STEM_WORKSPACE_EXTRA = {"bf16": 50_192, "fp16": 25_104}  # the stem's instead (fp32: none seen beside its multiple)
+STEM_WORKSPACE_EXTRA = {"bf16": 50_192, "mixed": 50_192, "fp16": 25_104}  # the stem's (bf16 under autocast too)
 
 
 class _Step:
