@@ -44,7 +44,7 @@ from gpuready.memory.lm.ops import CUBLAS_WORKSPACE_BYTES
 from gpuready.memory.optimizer import Trainable, optimizer_step
 from gpuready.memory.program import Program
 from gpuready.models.spec import ModelSpec
-from gpuready.models.vision import Conv, conv_side, resnet_convs
+from gpuready.models.vision import Conv, conv_input_elements, conv_side, resnet_convs
 from gpuready.workload import Workload
 
 CLASSES = 1000
@@ -90,8 +90,7 @@ class _Step:
         return conv.cout * conv_side(self.w.image_size, scale) ** 2 * self.e
 
     def in_bytes(self, k: int) -> int:
-        conv, scale = self.convs[k]
-        return self.w.batch * conv.cin * conv_side(self.w.image_size, scale // conv.stride) ** 2 * self.e
+        return conv_input_elements(self.w.batch, self.w.image_size, *self.convs[k]) * self.e
 
     def workspace(self, k: int) -> int:
         conv = self.convs[k][0]

@@ -251,6 +251,9 @@ class Template:
     min_batch: int = 1  # the first batch it writes out (below it the builders make another program)
     cached_outside_per_batch: int = 0  # cached_outside_bytes grows by this much a batch
 
+    def _outside_at(self, batch: int) -> int:
+        return self.cached_outside_bytes + self.cached_outside_per_batch * batch
+
     def _c_at(self, batch: int) -> array[int]:
         """The constant terms at `batch`: c, with each PerBatch handle's size at that batch in its place."""
         c = self._arrays[2]
@@ -291,7 +294,7 @@ class Template:
             sizes=made.sizes,
             categories=list(self.categories),
             streams=dict(self.streams),
-            cached_outside_bytes=self.cached_outside_bytes + self.cached_outside_per_batch * batch,
+            cached_outside_bytes=self._outside_at(batch),
             step_starts=list(self.steps),
         )
         prog.events = made.events  # (int64 arrays: the replay and the breakdown read them as they are)
@@ -314,7 +317,7 @@ class Template:
             sizes=sizes,
             categories=list(self.categories),
             streams=dict(self.streams),
-            cached_outside_bytes=self.cached_outside_bytes + self.cached_outside_per_batch * batch,
+            cached_outside_bytes=self._outside_at(batch),
             step_starts=list(self.steps),
         )
         events = prog.events

@@ -19,7 +19,7 @@ from gpuready.memory.resnet_train import resnet_train_steps
 from gpuready.memory.vision_hf import Kept, Saved, hf_forward, hf_nograd, mlp_nograd, patch_embedding
 from gpuready.memory.vision_weights import load_for_inference, load_weights
 from gpuready.models.spec import ModelSpec
-from gpuready.models.vision import Conv, conv_side, resnet_convs
+from gpuready.models.vision import conv_input_elements, conv_side, resnet_convs
 from gpuready.workload import Workload
 
 # cuDNN convolution workspaces come from PyTorch's caching allocator (aten/src/ATen/native/cudnn/Conv_v8.cpp) and
@@ -66,19 +66,10 @@ def cudnn_workspace_bytes(spec: ModelSpec, w: Workload) -> int:
     return w.batch * int(per_map * _largest_map_per_image(spec, w))
 
 
-def resnet_largest_map_bytes(spec: ModelSpec, w: Workload) -> int:
-    return w.batch * _largest_map_per_image(spec, w)
-
-
 def _largest_map_per_image(spec: ModelSpec, w: Workload) -> int:
     e = dtypes_for(w).act
     convs = resnet_convs(spec.vision["block"], list(spec.vision["layers"]))
     return max(c.cout * conv_side(w.image_size, s) ** 2 * e for c, s in convs)
-
-
-def _input_elements(batch: int, image: int, conv: Conv, scale: int) -> int:
-    """The elements of a convolution's input, `scale` being its output's downscale (the stem's input: the images)."""
-    return batch * conv.cin * conv_side(image, scale // conv.stride) ** 2
 
 
 def _resnet_forward(prog: Program, spec: ModelSpec, w: Workload) -> list[Saved]:
@@ -100,7 +91,7 @@ def _resnet_forward(prog: Program, spec: ModelSpec, w: Workload) -> list[Saved]:
         side = conv_side(img, scale)
         out = B * conv.cout * side * side * e
         wgrad = conv.cin * conv.cout * conv.kernel**2 * dt.param
-        cin_bytes = prev if not conv.downsample else _input_elements(B, img, conv, scale) * e
+        cin_bytes = prev if not conv.downsample else conv_input_elements(B, img, conv, scale) * e
         # the convolution keeps its input (already kept by the op before it); its backward makes the input's
         # gradient and the weight's (cuDNN's workspaces: cudnn_workspace_bytes, a cached segment beside these)
         saved.append((0, cin_bytes, wgrad, 0))
@@ -258,7 +249,7 @@ def _resnet_nograd(prog: Program, spec: ModelSpec, w: Workload, first: bool) -> 
         out = prog.alloc("activations", out_bytes(k))
         kernel, stride = convs[k][0].kernel, convs[k][0].stride
         ws = int(ratios.get((kernel, stride), 0.0) * out_bytes(k))
-        if kernel in (1, 7) and max(_input_elements(B, img, *convs[k]), out_bytes(k) // e) >= LARGE_ELEMENTS:
+        if kernel in (1, 7) and max(conv_input_elements(B, img, *convs[k]), out_bytes(k) // e) >= LARGE_ELEMENTS:
             ws = LARGE_CONV_WORKSPACE
         if ws:
             prog.transient("cudnn_workspaces", ws)
@@ -387,23 +378,21 @@ def vision_program(spec: ModelSpec, w: Workload) -> Program:
         return _inference_program(spec, w)
     prog = Program()
     dt = dtypes_for(w)
-    if spec.model_type == "resnet" and w.gpus == 1:
-        # op by op as recorded (memory/resnet_train.py), the reserve kept at its floor of six largest maps; DDP keeps
-        # the coarser program below
-        prog.cached_outside_bytes = cudnn_workspace_bytes(spec, w)
-        trainable = load_weights(prog, spec, w)
-        resnet_train_steps(prog, spec, w, trainable, _conv_ratios(w))
-        return prog
-    if spec.model_type == "resnet":
+    resnet = spec.model_type == "resnet"
+    if resnet:
         prog.cached_outside_bytes = cudnn_workspace_bytes(spec, w)
     trainable = load_weights(prog, spec, w)
-    if spec.model_type != "resnet":
+    if resnet and w.gpus == 1:
+        # op by op as recorded (memory/resnet_train.py), the reserve kept at its floor of six largest maps; DDP keeps
+        # the coarser program below
+        resnet_train_steps(prog, spec, w, trainable, _conv_ratios(w))
+        return prog
+    if not resnet:
         # the batch, made once after the model and held through every step (the probe's x and y, as a training loop
         # holds its batch): images in the weights' dtype (fp32 under autocast), int64 labels (histories
         # h29_vit_l16_mixed_b32, h29_hf_vitl_mixed_b64, h30_hf_vitb_bf16_b128)
         prog.alloc("activations", w.batch * 3 * w.image_size**2 * dt.param)
         prog.alloc("activations", w.batch * 8)
-    resnet = spec.model_type == "resnet"
     vit = hf_forward if spec.vision.get("transformers") else _vit_forward
     state: list[int] | None = None
     ddp = DdpBuckets(prog, spec.params * dt.param) if w.shard == "ddp" else None

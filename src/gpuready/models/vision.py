@@ -38,6 +38,11 @@ def conv_side(image: int, scale: int) -> int:
     return side
 
 
+def conv_input_elements(batch: int, image: int, conv: Conv, scale: int) -> int:
+    """The elements of a convolution's input, `scale` being its output's downscale (the stem's input: the images)."""
+    return batch * conv.cin * conv_side(image, scale // conv.stride) ** 2
+
+
 def resnet_convs(block: str, layers: list[int]) -> list[tuple[Conv, int]]:
     """Every conv with its output downscale factor relative to the input image (e.g. 4 after the stem pool)."""
     convs: list[tuple[Conv, int]] = [(Conv(3, 64, 7, 2, True), 2)]

@@ -173,31 +173,33 @@ def eager_nograd(prog: Program, ctx: Ctx, q_w: int, k_w: int, v_w: int, out_w: i
     prog.free(mm)
     masked = prog.alloc("activations", scores * e)
     prog.free(scaled)
+    shifted = 0
     if spec.attn_sinks:
-        return _sinks_softmax_nograd(prog, ctx, masked, scores, out_w, kq, vq)
-    up = prog.alloc("activations", scores * 4) if softmax_upcast_copy(ctx) else 0
-    sm = prog.alloc("activations", scores * 4)
-    prog.free(up)
-    probs = prog.alloc("activations", scores * e)
-    prog.free(sm)
+        probs, shifted = _sinks_softmax_nograd(prog, ctx, scores)
+    else:
+        up = prog.alloc("activations", scores * 4) if softmax_upcast_copy(ctx) else 0
+        sm = prog.alloc("activations", scores * 4)
+        prog.free(up)
+        probs = prog.alloc("activations", scores * e)
+        prog.free(sm)
     prog.free(masked)
     av = prog.alloc("activations", T * out_w * e)
     out = prog.alloc("activations", T * out_w * e)  # transpose(1, 2).contiguous()
     prog.free(av)
     prog.free(kq)
     prog.free(vq)
+    prog.free(shifted)
     return out, probs
 
 
-def _sinks_softmax_nograd(
-    prog: Program, ctx: Ctx, masked: int, scores: int, out_w: int, kq: int, vq: int
-) -> tuple[int, int]:
-    """gpt-oss's eager attention after the mask, as the recorded history h42_gen_gptoss20b_b4 makes it: the scores
-    concatenated with each head's sink (one column more), their row max (values, int64 indices and the reduction's
-    16-byte pairs a moment), the max subtracted, softmax in the scores' own dtype (no fp32 upcast), then
-    probabilities[..., :-1] @ v and its transposed copy. Returns the output's and the probabilities' handles."""
-    e, T = ctx.dt.act, ctx.tokens
-    rows = T * ctx.spec.heads  # batch * heads * query
+def _sinks_softmax_nograd(prog: Program, ctx: Ctx, scores: int) -> tuple[int, int]:
+    """gpt-oss's eager attention from the masked scores to its probabilities, as the recorded history
+    h42_gen_gptoss20b_b4 makes it: the scores concatenated with each head's sink (one column more), their row max
+    (values, int64 indices and the reduction's 16-byte pairs a moment), the max subtracted, softmax in the scores'
+    own dtype (no fp32 upcast). Returns the probabilities' handle (probabilities[..., :-1] is a view of them) and the
+    shifted scores', which live until the attention's output is made."""
+    e = ctx.dt.act
+    rows = ctx.tokens * ctx.spec.heads  # batch * heads * query
     alloc, free = prog.alloc, prog.free
     combined = alloc("activations", (scores + rows) * e)
     top, where = alloc("activations", rows * e), alloc("activations", rows * 8)
@@ -206,15 +208,7 @@ def _sinks_softmax_nograd(
     shifted = alloc("activations", (scores + rows) * e)
     free(top)
     free(combined)
-    probs = alloc("activations", (scores + rows) * e)
-    free(masked)
-    av = alloc("activations", T * out_w * e)
-    out = alloc("activations", T * out_w * e)  # transpose(1, 2).contiguous()
-    free(av)
-    free(kq)
-    free(vq)
-    free(shifted)
-    return out, probs
+    return alloc("activations", (scores + rows) * e), shifted
 
 
 # SMs of the measured card (H200/H100 SXM: 132); the reduction kernel sizes its global buffer by it (below)
