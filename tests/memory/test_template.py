@@ -156,7 +156,6 @@ def test_a_size_known_per_batch_holds_from_the_first_batch_it_exists() -> None:
         assert template.instantiate(batch) == _build(spec, w.model_copy(update={"batch": batch}))
     clear_caches()
     swept = [estimate(w.model_copy(update={"batch": b})) for b in range(1, template.min_batch + 2)]
-    clear_caches()
     for b, got in enumerate(swept, start=1):
         clear_caches()
         assert estimate(w.model_copy(update={"batch": b})) == got
