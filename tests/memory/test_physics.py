@@ -322,3 +322,47 @@ def test_lora_checkpointed_first_pass_runs_peft_adapters_as_recorded() -> None:
     modelled = first_pass([max(ev, 0) for ev in prog.events])
     # per layer: gate's and up's lora_B output, its scaled copy and the sum with the base output; down_proj's input
     assert modelled == recorded == 36 * 7
+
+
+def _live_after(prog, start: int, until: int) -> int:  # type: ignore[no-untyped-def]
+    """Bytes allocated by the program's events [start, until) that are still live at `until` (event indices)."""
+    sizes: dict[int, int] = {}
+    handle = 0
+    for i, e in enumerate(prog.replay_events()):
+        if i >= until:
+            break
+        if e > 0:
+            handle += 1
+            if i >= start:
+                sizes[handle] = e
+        elif e < 0:
+            sizes.pop(-e, None)
+    return sum(sizes.values())
+
+
+def test_eager_probabilities_live_until_the_decoder_layer_returns() -> None:
+    # `hidden_states, _ = self.self_attn(...)` in every transformers decoder layer: the probabilities are the `_`,
+    # a local until the layer returns, so a no-grad pass (prefill, a checkpointed layer's first pass) holds them
+    # through the MLP (history h44_lora_qwen7b_eager_ckpt_b3_cap40: 2.6 GiB kept past o_proj)
+    from gpuready.memory.lm.infer import infer_program
+
+    w = make_workload(model="llama-3.2-1b", task="infer", batch=2, seq=1024, attn="eager")
+    prog = infer_program(resolve_model(w.model), w)
+    probs = 2 * 32 * 1024 * 1024 * 2
+    events = list(prog.replay_events())
+    upcast = events.index(probs * 2)  # layer 0's softmax: its fp32 copy of the scores, then the probabilities
+    mlp_gate = 2 * 1024 * 8192 * 2  # gate_proj's output
+    first_mlp = next(i for i in range(upcast, len(events)) if events[i] == mlp_gate)
+    assert _live_after(prog, upcast, first_mlp) >= probs
+
+
+def test_eager_softmax_backward_holds_three_fp32_score_tensors() -> None:
+    # the recorded backward (h44_lora_qwen7b_eager_ckpt_b2_cap40): the probabilities' gradient cast to fp32,
+    # softmax's fp32 gradient and an fp32 scratch of the same size, live together; batch 2 x 4096 measured 31.02
+    # GiB allocated (30.32 with one fp32 tensor)
+    r = est(model="qwen2.5-7b", method="lora", grad_ckpt=True, batch=2, seq=4096, attn="eager")
+    assert r.peak_allocated_bytes == pytest.approx(31.02 * GIB, rel=0.01)
+    # and on a 40 GiB card it keeps its largest allocation free where the fit needs a cache release (measured:
+    # batch 1 ran, 2 failed)
+    on_40 = estimate(make_workload(model="qwen2.5-7b", method="lora", grad_ckpt=True, seq=4096, attn="eager"), 40 * GIB)
+    assert on_40.max_batch == 1

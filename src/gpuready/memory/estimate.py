@@ -284,7 +284,9 @@ def margin_kind(spec: ModelSpec, w: Workload) -> str:
         if spec.model_type == "resnet":
             return "conv" if w.training else "conv_infer"
         return "vit_train" if w.training else "vit"
-    return "generate" if not w.training and w.new_tokens > 0 else "lm"
+    if not w.training:
+        return "generate" if w.new_tokens > 0 else "lm"
+    return "lm_eager" if w.attn == "eager" else "lm"
 
 
 def fits_at_batch(spec: ModelSpec, w: Workload, batch: int, gpu_memory_bytes: int, meta_init: bool = False) -> bool:

@@ -19,6 +19,9 @@ class Saved:
     grad_bytes: int  # the gradient backward produces at this node (activation-sized)
     param_grads: tuple[int, ...] = ()  # weight gradients allocated at this node
     transient: tuple[int, ...] = ()  # scratch tensors this node's backward allocates together and frees
+    # scratch tensors made after the node's gradient (and freed before its saved tensor goes): eager attention's
+    # softmax backward (blocks_train)
+    transient_after: tuple[int, ...] = ()
 
 
 class Layer:
@@ -36,15 +39,27 @@ class Layer:
         return self.prog.alloc("activations", nbytes)
 
     def keep_handle(
-        self, handle: int, grad: int = 0, pgrads: tuple[int, ...] = (), transient: tuple[int, ...] = ()
+        self,
+        handle: int,
+        grad: int = 0,
+        pgrads: tuple[int, ...] = (),
+        transient: tuple[int, ...] = (),
+        transient_after: tuple[int, ...] = (),
     ) -> None:
         if self.keep:
-            self.saved.append(Saved(handle, grad, pgrads, transient))
+            self.saved.append(Saved(handle, grad, pgrads, transient, transient_after))
         else:
             self.temps.append(handle)
 
-    def save(self, nbytes: int, grad: int = 0, pgrads: tuple[int, ...] = (), transient: tuple[int, ...] = ()) -> None:
-        self.keep_handle(self.alloc(nbytes), grad, pgrads, transient)
+    def save(
+        self,
+        nbytes: int,
+        grad: int = 0,
+        pgrads: tuple[int, ...] = (),
+        transient: tuple[int, ...] = (),
+        transient_after: tuple[int, ...] = (),
+    ) -> None:
+        self.keep_handle(self.alloc(nbytes), grad, pgrads, transient, transient_after)
 
     def tmp(self, nbytes: int) -> int:
         handle = self.alloc(nbytes)
@@ -93,6 +108,8 @@ def block_backward(prog: Program, saved: list[Saved], grads: list[int], accumula
         if node.transient:
             prog.transient("activations", *node.transient)
         new = prog.alloc("activations", node.grad_bytes) if node.grad_bytes else None
+        if node.transient_after:
+            prog.transient("activations", *node.transient_after)
         if node.handle != NOTHING_KEPT:
             prog.free(node.handle)
         if new is not None:

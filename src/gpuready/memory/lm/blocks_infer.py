@@ -235,7 +235,6 @@ def block_nograd(
         prog.free(k2)
         prog.free(v)
     prog.free(attn)
-    prog.free(probs)
     if locals_kept:
         prog.free(q2)
         q2 = 0
@@ -280,6 +279,12 @@ def block_nograd(
     x3 = prog.alloc("activations", T * h * r)
     prog.free(down)
     prog.free(x2)
+    # eager attention's probabilities come back to the decoder layer as its `_` (`hidden_states, _ =
+    # self.self_attn(...)` in every transformers decoder layer): a local that goes when the layer returns, after the
+    # residual (the recorded H200 history h44_lora_qwen7b_eager_ckpt_b3_cap40: the 2.6 GiB probabilities of a
+    # checkpointed layer's first pass live through its MLP; freed after o_proj before, batch 3 on a 40 GiB card was
+    # predicted to fit and failed at its logits)
+    prog.free(probs)
     if not keep_input:
         prog.free(x)  # the caller's loop variable holds the layer's input until the layer returns
     return x3, kept

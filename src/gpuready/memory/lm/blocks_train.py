@@ -178,19 +178,34 @@ def block_forward(
             drop(tmp(scores))  # _safe_softmax: scores == -inf, one byte per score
             drop(t)
         else:  # eager: matmul, * scaling, + mask, softmax in fp32, .to(dtype), matmul with v
+            # Backward as the recorded H200 history h44_lora_qwen7b_eager_ckpt_b2_cap40 runs it (bf16): the
+            # probabilities' gradient (bf16) is cast to fp32 (.to's backward), softmax's backward makes its fp32
+            # gradient and a score-sized fp32 scratch with the cast still alive (three fp32 score tensors at once:
+            # with one, batch 2 on a 40 GiB card was predicted to fit and failed there), the fp32 copy's backward
+            # casts it back to bf16 and `* scaling`'s makes one more bf16 gradient before q @ kᵀ's backward
             save(T * q_width * e)
             save(T * kq * e, T * kq * e)
+            layer_.grad_node(scores * e)  # `* scaling`
             t = tmp(scores * e)
             t2 = tmp(scores * e)
             drop(t)
             t3 = tmp(scores * e)
             drop(t2)
-            up = tmp(scores * 4) if softmax_upcast_copy(ctx) else 0  # softmax's fp32 copy of a bf16 input
-            save(scores * 4, scores * 4)
-            if up:
-                drop(up)
-            drop(t3)
-            save(scores * e, scores * e)
+            upcast = softmax_upcast_copy(ctx)  # softmax's fp32 copy of a bf16 input
+            if upcast:
+                layer_.grad_node(scores * e)  # the copy's backward: the gradient cast back to bf16
+            up = tmp(scores * 4) if upcast else 0
+            if e == 4:  # fp32: softmax's output is the probabilities (`.to(float32)` is no copy)
+                drop(t3)
+                save(scores * 4, scores * 4, transient_after=(scores * 4,))
+            else:
+                # fp16's fused half-to-float softmax returns its gradient in fp16 (no scratch recorded)
+                save(scores * 4, scores * (4 if upcast else e), transient_after=(scores * 4,) if upcast else ())
+                if up:
+                    drop(up)
+                drop(t3)
+                layer_.grad_node(scores * 4)  # .to(dtype)'s backward: the probabilities' gradient cast to fp32
+                save(scores * e, scores * e)
             save(T * vq * e)
         save(T * out_width * e)  # transpose(1, 2).contiguous() for o_proj
     o = lins.get("o_proj") or lins.get("c_proj") or lins.get("dense")

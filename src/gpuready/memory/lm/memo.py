@@ -202,7 +202,10 @@ class _RecSpan:
 
 def _renumbered(saved: list[Saved], handles: list[int]) -> list[Saved]:
     """A recorded layer's saved nodes on the handles written out for this call."""
-    return [Saved(h, s.grad_bytes, s.param_grads, s.transient) for s, h in zip(saved, handles, strict=True)]
+    return [
+        Saved(h, s.grad_bytes, s.param_grads, s.transient, s.transient_after)
+        for s, h in zip(saved, handles, strict=True)
+    ]
 
 
 def _value_key(x: Any) -> Hashable:
@@ -320,10 +323,22 @@ def layer_backward(memo: SpanMemo, saved: list[Saved], grads: list[int], accumul
     nodes: tuple[Hashable, ...]
     if memo.rec is None:  # (the plain program: every size is an int)
         sizes = memo.prog.sizes
-        nodes = tuple((sizes[s.handle] if s.handle else 0, s.grad_bytes, s.param_grads, s.transient) for s in saved)
+        nodes = tuple(
+            (sizes[s.handle] if s.handle else 0, s.grad_bytes, s.param_grads, s.transient, s.transient_after)
+            for s in saved
+        )
     else:
         size, value = memo.size_key, _value_key
-        nodes = tuple((size(s.handle), value(s.grad_bytes), value(s.param_grads), value(s.transient)) for s in saved)
+        nodes = tuple(
+            (
+                size(s.handle),
+                value(s.grad_bytes),
+                value(s.param_grads),
+                value(s.transient),
+                value(s.transient_after),
+            )
+            for s in saved
+        )
     key = ("backward", accumulate, nodes)
 
     def run() -> tuple[list[int], Any]:
