@@ -366,3 +366,21 @@ def test_eager_softmax_backward_holds_three_fp32_score_tensors() -> None:
     # batch 1 ran, 2 failed)
     on_40 = estimate(make_workload(model="qwen2.5-7b", method="lora", grad_ckpt=True, seq=4096, attn="eager"), 40 * GIB)
     assert on_40.max_batch == 1
+
+
+def test_qwen_moe_routing_product_stays_in_16_bits() -> None:
+    # Qwen3MoeTopKRouter casts its top-k weights back to the logits' bf16, so the experts' weighted product, its
+    # reordered copy and the sum over the k experts are bf16 (history h44_gen_qwen3_30b_b16: 60.67 GiB allocated at
+    # 16 x 1024 + 128; 61.66 predicted with fp32); DeepSeek's router hands over fp32 weights (the product is fp32)
+    from gpuready.memory.lm.moe import routing_bytes
+
+    r = est(model="qwen3-30b-a3b", task="infer", batch=16, seq=1024, new_tokens=128)
+    assert r.peak_allocated_bytes == pytest.approx(60.67 * GIB, rel=0.003)
+
+    class _Ctx:  # routing_bytes reads the model type and the activations' width
+        def __init__(self, model_type: str) -> None:
+            self.spec = type("S", (), {"model_type": model_type})()
+            self.dt = type("D", (), {"act": 2})()
+
+    assert routing_bytes(_Ctx("qwen3_moe")) == 2  # type: ignore[arg-type]
+    assert routing_bytes(_Ctx("deepseek_v3")) == 4  # type: ignore[arg-type]

@@ -89,6 +89,19 @@ def expert_adapter_params(spec: ModelSpec, w: Workload, wanted: set[str]) -> int
     return sum(expert_adapter_numels(spec, lora)) * (spec.layers - spec.dense_layers)
 
 
+# Routers that cast their top-k weights back to the logits' dtype (`router_top_value.to(router_logits.dtype)`:
+# Qwen2MoeTopKRouter, Qwen3MoeTopKRouter): the experts' routing-weight product, its reordered copy and the sum over
+# the k experts stay in 16 bits (the recorded history h44_gen_qwen3_30b_b16: three 512 MiB bf16 tensors at the
+# prefill's peak, where fp32 made qwen3-30b-a3b generation +1.6% allocated). Mixtral's and DeepSeek's routers hand
+# over fp32 weights, and the product is fp32 (DeepSeek-V3's history).
+SIXTEEN_BIT_ROUTING = ("qwen2_moe", "qwen3_moe")
+
+
+def routing_bytes(ctx: Ctx) -> int:
+    """Bytes per element of the routing-weight product and the sum over the k experts."""
+    return ctx.dt.act if ctx.spec.model_type in SIXTEEN_BIT_ROUTING else 4
+
+
 def _sizes(ctx: Ctx, tokens: int) -> tuple[int, int, int, int, int, int]:
     spec = ctx.spec
     return tokens * spec.experts_per_token, spec.hidden, spec.moe_intermediate, spec.experts, ctx.dt.act, ctx.dt.param
@@ -146,15 +159,17 @@ def grouped_experts_forward(layer_: Layer, ctx: Ctx, lora: ExpertLora) -> int:
     first = tmp(S * h * e)
     if prod:
         drop(prod)
-    save(S * h * e, S * h * e, (), (S * h * 4, S * h * 4))  # masked down output, kept by * routing weights
+    r = routing_bytes(ctx)
+    save(S * h * e, S * h * e, (), (S * h * r, S * h * r))  # masked down output, kept by * routing weights
     drop(first)
-    weighted = tmp(S * h * 4)  # proj_out * sample_weights (fp32 weights)
-    reordered = tmp(S * h * 4)  # weighted_out[inv_perm]
+    weighted = tmp(S * h * r)  # proj_out * sample_weights
+    reordered = tmp(S * h * r)  # weighted_out[inv_perm]
     drop(weighted)
-    summed = tmp(T * h * 4)  # .view(T, k, h).sum(dim=1)
-    out = tmp(T * h * e)  # .to(hidden_states.dtype)
+    summed = tmp(T * h * r)  # .view(T, k, h).sum(dim=1)
+    out = tmp(T * h * e) if r != e else summed  # .to(hidden_states.dtype)
     drop(reordered)
-    drop(summed)
+    if out != summed:
+        drop(summed)
     for handle in temps:
         drop(handle)
     return out
@@ -180,12 +195,13 @@ def grouped_experts_nograd(prog: Program, ctx: Ctx, tokens: int) -> int:
     free(prod)
     masked = alloc("activations", S * h * e)
     free(down)
-    weighted = alloc("activations", S * h * 4)
-    reordered = alloc("activations", S * h * 4)
+    r = routing_bytes(ctx)
+    weighted = alloc("activations", S * h * r)
+    reordered = alloc("activations", S * h * r)
     free(weighted)
-    summed = alloc("activations", tokens * h * 4)
-    out = alloc("activations", tokens * h * e)
-    prog.free_all([sel, masked, reordered, summed])
+    summed = alloc("activations", tokens * h * r)
+    out = alloc("activations", tokens * h * e) if r != e else summed
+    prog.free_all([sel, masked, reordered] + ([summed] if out != summed else []))
     return out
 
 
@@ -209,10 +225,11 @@ def batched_experts_decode(prog: Program, ctx: Ctx, tokens: int) -> int:
     free(gu_w)
     down = alloc("activations", S * h * e)
     free(prod)
-    weighted = alloc("activations", S * h * 4)
-    summed = alloc("activations", tokens * h * 4)
-    out = alloc("activations", tokens * h * e)
-    prog.free_all([sel, down_w, down, weighted, summed])
+    r = routing_bytes(ctx)
+    weighted = alloc("activations", S * h * r)
+    summed = alloc("activations", tokens * h * r)
+    out = alloc("activations", tokens * h * e) if r != e else summed
+    prog.free_all([sel, down_w, down, weighted] + ([summed] if out != summed else []))
     return out
 
 
