@@ -7,6 +7,7 @@ from __future__ import annotations
 from gpuready.memory.ddp import DdpBuckets
 from gpuready.memory.lm import kbit_prep
 from gpuready.memory.lm.autocast_ckpt import mixed_ckpt_layer_backward, mixed_ckpt_recorded
+from gpuready.memory.lm.autocast_full import autocast_full_recorded
 from gpuready.memory.lm.autograd import Saved, block_backward
 from gpuready.memory.lm.blocks_recorded import recorded_layer_order
 from gpuready.memory.lm.blocks_train import block_forward
@@ -103,6 +104,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
             # layers, and is kept by its matmul until lm_head's backward; the recompute casts again, per layer
             ckpt_casts = ctx.dt.autocast and w.grad_ckpt
             recorded_mixed = mixed_ckpt_recorded(ctx)
+            full_cast = autocast_full_recorded(ctx)  # (layers: autocast_full.py)
             neox = neox_recorded(ctx)
             # (without checkpointing each linear's copy is made and freed with its layer: blocks_train's
             # weight_copy)
@@ -192,10 +194,11 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                     x, replaced = outs[0], True
             head_cast = norm_out = frozen_out = 0
             norm_trains = False
-            if ckpt_casts:
-                # the final norm on the fp32 residual (ft_llama1b_mixed_ckpt_s4096): pow (a temporary), x * rsqrt
-                # (kept for the weight's gradient), weight * y (the output); lm_head's weight copy, the output cast
-                # to bf16 (kept by lm_head)
+            if ckpt_casts or full_cast:
+                # the final norm on the fp32 residual (ft_llama1b_mixed_ckpt_s4096; without checkpointing
+                # h45_mixed_smollm2_360m_b16, where pow keeps the last layer's output): pow (a temporary), x * rsqrt
+                # (kept for the weight's gradient), weight * y (the output, alive until the loss is made); lm_head's
+                # weight copy, the output cast to bf16 (kept by lm_head)
                 prog.free(prog.alloc("activations", T * h * 4))
                 final = [prog.alloc("activations", T * h * 4)]
                 norm_out = prog.alloc("activations", T * h * 4)
@@ -236,6 +239,8 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
             if prep:  # lm_head's fp32 weight cast to bf16 by autocast (frozen: not cached), kept for backward
                 head_cast = prog.alloc("autocast_weight_copies", spec.vocab * h * 2)
             kept = logits_and_loss_forward(prog, ctx, frozen_out, cast_input=prep)
+            if full_cast:
+                prog.free(norm_out)
             if ckpt_casts:
                 # the region ends: the final norm's output and the layers' cached weight copies go
                 prog.free(norm_out)
