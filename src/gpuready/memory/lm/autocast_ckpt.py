@@ -1,10 +1,19 @@
-"""Full fine-tuning under autocast (fp32 weights and residual stream, bf16 matmuls) with activation checkpointing:
-the recompute and backward of one layer, in the order the recorded H200 history of llama-3.2-1b at 8 x 4096
-shows it (docs/calibration/histories/ft_llama1b_mixed_ckpt_s4096.json.gz; with the generic backward the second
-step's logits needed one 15.66 GiB segment more than the GPU took, +21.2%).
+"""Full fine-tuning under autocast (fp32 weights and residual stream, bf16 matmuls: the HF Trainer's `bf16=True`
+over an fp32 model): one layer's forward and backward in the order the recorded H200 histories show them.
+
+With activation checkpointing, the recompute and backward (docs/calibration/histories/ft_llama1b_mixed_ckpt_s4096;
+with the generic backward the second step's logits needed one 15.66 GiB segment more than the GPU took, +21.2%).
+Without it, the same layer whole in the forward and the same backward (h45_mixed_smollm2_360m_b16,
+h42_mixed_qwen15b_b4, h43_mixed_*): the generic layer (blocks_train) made an fp32 copy of the residual for each
+norm's pow and another for `.to(input_dtype)`, neither of which exists when the input is already fp32, and walked
+the generic backward; with peak allocated exact, smollm2-360m at 16 x 2048 reserved -7.7% and qwen2.5-1.5b at
+4 x 1024 +10.5% (both now exact).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from gpuready.memory.lm.context import Ctx
 from gpuready.memory.lm.ops import flash_backward_workspace_bytes, reduce_buffer_bytes
@@ -33,19 +42,64 @@ def mixed_ckpt_recorded(ctx: Ctx) -> bool:
     )
 
 
-def mixed_ckpt_layer_backward(prog: Program, ctx: Ctx, x_in: int, grads: list[int], accumulate: bool) -> None:
-    """One checkpointed layer's recompute and backward under autocast (fp32 weights and residual stream, bf16
-    matmuls), in the order the recorded history of llama-3.2-1b mixed + checkpointing at 8 x 4096
-    (ft_llama1b_mixed_ckpt_s4096) shows: the bf16 cast of the incoming gradient (made before the recompute starts);
-    the recompute up to down_proj's input (non-reentrant checkpointing stops once every saved tensor is back), each
-    linear's bf16 weight copy cached until its backward; then per linear the bf16 weight gradient, the input's bf16
-    gradient, the copies going, the input gradient cast to fp32 and the weight's fp32 gradient (.grad); the norms'
-    backward with the reduction buffer of their weight's gradient; flash attention's backward workspace
-    (batch x tokens x heads x (2 x head_dim + 1) fp32). The residual stream's gradient is one fp32 buffer that
-    autograd accumulates in place (the caller's). `x_in`, the layer's checkpointed input, goes at the end."""
-    spec, T = ctx.spec, ctx.tokens
-    h, a, d = spec.hidden, spec.heads, spec.head_dim
-    q_w, kv_w, inter = a * d, spec.kv_heads * d, spec.intermediate
+def autocast_full_recorded(ctx: Ctx) -> bool:
+    """Whether full fine-tuning under autocast without checkpointing follows mixed_layer_forward (whole) and
+    mixed_layer_backward: a plain Llama-style layer (RMSNorm, separate q/k/v/o, gated MLP, SDPA's fused kernels) on
+    one GPU. (Qwen2's q/k/v biases are taken as their weights' neighbours: their casts and gradients are small-pool
+    blocks; qwen2.5-0.5b/1.5b/3b mixed rows within 0.1%.)"""
+    spec = ctx.spec
+    lins = {lin.name: lin for lin in spec.block_linears}
+    names = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    return (
+        ctx.dt.autocast
+        and ctx.dt.resid == 4
+        and ctx.full
+        and not ctx.w.grad_ckpt
+        and ctx.shards == 1
+        and ctx.backend in ("flash", "efficient")
+        and spec.norm == "rms"
+        and spec.norms_per_layer == 2
+        and spec.gated_mlp
+        and not (spec.mla or spec.experts or spec.shared_intermediate or spec.qk_norm or spec.learned_positions)
+        and set(lins) == names
+        and not any(lin.count != 1 for lin in lins.values())
+        and spec.model_type in ("llama", "mistral", "qwen2")
+    )
+
+
+@dataclass(frozen=True)
+class MixedLayer:
+    """The handles one layer's forward under autocast keeps for its backward (mixed_layer_forward)."""
+
+    n1_y: int
+    wq: int
+    q_in: int
+    wk: int
+    k_in: int
+    wv: int
+    v_in: int
+    v: int
+    k16: int
+    q16: int
+    attn: int
+    lse: int
+    wo: int
+    resid: int
+    n2_y: int
+    wg: int
+    g_in: int
+    gate: int
+    silu: int
+    wu: int
+    u_in: int
+    up: int
+    prod: int
+    wd: int
+
+
+def _helpers(
+    prog: Program, grads: list[int], accumulate: bool
+) -> tuple[Callable[[int], int], Callable[[int, int], int], Callable[[int, int], None]]:
     alloc, free = prog.alloc, prog.free
 
     def act(nbytes: int) -> int:
@@ -61,8 +115,22 @@ def mixed_ckpt_layer_backward(prog: Program, ctx: Ctx, x_in: int, grads: list[in
         else:
             grads.append(g)
 
+    return act, wcast, weight_grad
+
+
+def mixed_layer_forward(prog: Program, ctx: Ctx, whole: bool) -> tuple[MixedLayer, int]:
+    """One layer's forward under autocast in the recorded order (below): the norms on the fp32 residual (pow keeps
+    it: no copy), each linear's bf16 weight copy and its own bf16 cast of its input, RoPE's products in fp32, SDPA's
+    casts of k then q. `whole` False: a checkpointed layer's recompute, which stops once down_proj's input is made
+    (non-reentrant checkpointing's early stop: the post-attention norm's output goes, no output is made); True: the
+    whole layer (h45_mixed_smollm2_360m_b16): down_proj's output, the norm's output going, the layer's output (fp32,
+    returned: kept by the next norm) and down_proj's output going."""
+    spec, T = ctx.spec, ctx.tokens
+    h, a, d = spec.hidden, spec.heads, spec.head_dim
+    q_w, kv_w, inter = a * d, spec.kv_heads * d, spec.intermediate
+    free = prog.free
+    act, wcast, _ = _helpers(prog, [], True)
     h32, h16 = T * h * 4, T * h * 2
-    dy16 = act(h16)  # the incoming gradient cast to bf16 (down_proj's output is bf16)
     # --- recompute: input norm, q/k/v, RoPE in fp32, attention, o_proj, residual, post-attention norm, MLP
     free(act(h32))  # pow
     n1_y = act(h32)  # x * rsqrt, kept for the weight's gradient
@@ -103,7 +171,58 @@ def mixed_ckpt_layer_backward(prog: Program, ctx: Ctx, x_in: int, grads: list[in
     wu, u_in, up = wcast(h, inter), act(h16), act(T * inter * 2)
     prod = act(T * inter * 2)
     wd = wcast(inter, h)
-    free(n2_out)
+    out = 0
+    if whole:
+        down = act(h16)
+        free(n2_out)
+        out = act(h32)
+        free(down)
+    else:
+        free(n2_out)
+    kept = MixedLayer(
+        n1_y,
+        wq,
+        q_in,
+        wk,
+        k_in,
+        wv,
+        v_in,
+        v,
+        k16,
+        q16,
+        attn,
+        lse,
+        wo,
+        resid,
+        n2_y,
+        wg,
+        g_in,
+        gate,
+        silu,
+        wu,
+        u_in,
+        up,
+        prod,
+        wd,
+    )
+    return kept, out
+
+
+def mixed_layer_backward(
+    prog: Program, ctx: Ctx, m: MixedLayer, dy16: int, x_in: int, grads: list[int], accumulate: bool
+) -> None:
+    """One layer's backward under autocast in the recorded order (mixed_ckpt_layer_backward): `dy16`, the incoming
+    gradient cast to bf16, goes after down_proj's backward; `x_in`, the layer's input (kept by its first norm's
+    pow), goes in that norm's backward."""
+    spec, T = ctx.spec, ctx.tokens
+    h, a, d = spec.hidden, spec.heads, spec.head_dim
+    q_w, kv_w, inter = a * d, spec.kv_heads * d, spec.intermediate
+    alloc, free = prog.alloc, prog.free
+    act, _, weight_grad = _helpers(prog, grads, accumulate)
+    h32, h16 = T * h * 4, T * h * 2
+    n1_y, wq, q_in, wk, k_in, wv, v_in, v = m.n1_y, m.wq, m.q_in, m.wk, m.k_in, m.wv, m.v_in, m.v
+    k16, q16, attn, lse, wo, resid, n2_y = m.k16, m.q16, m.attn, m.lse, m.wo, m.resid, m.n2_y
+    wg, g_in, gate, silu, wu, u_in, up, prod, wd = m.wg, m.g_in, m.gate, m.silu, m.wu, m.u_in, m.up, m.prod, m.wd
     # --- backward: down_proj, the product, up_proj, silu, gate_proj
     w16 = alloc("gradients", inter * h * 2)
     d_prod = act(T * inter * 2)
@@ -228,3 +347,18 @@ def mixed_ckpt_layer_backward(prog: Program, ctx: Ctx, x_in: int, grads: list[in
     weight_grad(h, q_w)
     free(w16)
     norm_backward(n1_y, d_n1, x_in)
+
+
+def mixed_ckpt_layer_backward(prog: Program, ctx: Ctx, x_in: int, grads: list[int], accumulate: bool) -> None:
+    """One checkpointed layer's recompute and backward under autocast (fp32 weights and residual stream, bf16
+    matmuls), in the order the recorded history of llama-3.2-1b mixed + checkpointing at 8 x 4096
+    (ft_llama1b_mixed_ckpt_s4096) shows: the bf16 cast of the incoming gradient (made before the recompute starts);
+    the recompute up to down_proj's input (non-reentrant checkpointing stops once every saved tensor is back), each
+    linear's bf16 weight copy cached until its backward; then per linear the bf16 weight gradient, the input's bf16
+    gradient, the copies going, the input gradient cast to fp32 and the weight's fp32 gradient (.grad); the norms'
+    backward with the reduction buffer of their weight's gradient; flash attention's backward workspace
+    (batch x tokens x heads x (2 x head_dim + 1) fp32). The residual stream's gradient is one fp32 buffer that
+    autograd accumulates in place (the caller's). `x_in`, the layer's checkpointed input, goes at the end."""
+    dy16 = prog.alloc("activations", ctx.tokens * ctx.spec.hidden * 2)  # the incoming gradient cast to bf16
+    kept, _ = mixed_layer_forward(prog, ctx, whole=False)
+    mixed_layer_backward(prog, ctx, kept, dy16, x_in, grads, accumulate)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpuready.memory.lm.autocast_full import autocast_block_forward, autocast_full_recorded
 from gpuready.memory.lm.autograd import Layer, Saved
 from gpuready.memory.lm.blocks_recorded import (
     gpt2_block_forward,
@@ -28,8 +27,6 @@ def block_forward(
     checkpointing) nothing is saved and only the transient peak is simulated."""
     if recorded_layer_order(ctx, layer):
         return plain_block_forward(prog, ctx, layer, keep, residual_out)
-    if autocast_full_recorded(ctx):
-        return autocast_block_forward(prog, ctx, keep)
     if (
         ctx.spec.model_type == "gpt2"
         and ctx.full

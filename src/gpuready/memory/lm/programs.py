@@ -6,8 +6,14 @@ from __future__ import annotations
 
 from gpuready.memory.ddp import DdpBuckets
 from gpuready.memory.lm import kbit_prep
-from gpuready.memory.lm.autocast_ckpt import mixed_ckpt_layer_backward, mixed_ckpt_recorded
-from gpuready.memory.lm.autocast_full import autocast_full_recorded
+from gpuready.memory.lm.autocast_ckpt import (
+    MixedLayer,
+    autocast_full_recorded,
+    mixed_ckpt_layer_backward,
+    mixed_ckpt_recorded,
+    mixed_layer_backward,
+    mixed_layer_forward,
+)
 from gpuready.memory.lm.autograd import Saved, block_backward
 from gpuready.memory.lm.blocks_recorded import recorded_layer_order
 from gpuready.memory.lm.blocks_train import block_forward
@@ -104,7 +110,8 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
             # layers, and is kept by its matmul until lm_head's backward; the recompute casts again, per layer
             ckpt_casts = ctx.dt.autocast and w.grad_ckpt
             recorded_mixed = mixed_ckpt_recorded(ctx)
-            full_cast = autocast_full_recorded(ctx)  # (layers: autocast_full.py)
+            full_cast = autocast_full_recorded(ctx)  # (layers: autocast_ckpt.mixed_layer_forward, whole)
+            mixed_layers: list[tuple[MixedLayer, int]] = []  # (its kept handles, its input)
             neox = neox_recorded(ctx)
             # (without checkpointing each linear's copy is made and freed with its layer: blocks_train's
             # weight_copy)
@@ -182,6 +189,13 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                     named.append({})
                     # without checkpointing the embedding output needs no gradient (lora_recorded.LoraBackward.run)
                     per_layer.append(lora_layer_forward(memo, ctx, layer, outs, named[-1], input_grad=layer > 0))
+                elif full_cast:
+                    # the layer's input is kept by its first norm's pow and goes in that norm's backward; its output
+                    # is the next layer's input (h45_mixed_smollm2_360m_b16)
+                    kept_mixed, out = mixed_layer_forward(prog, ctx, whole=True)
+                    mixed_layers.append((kept_mixed, x))
+                    per_layer.append([])
+                    x = out
                 elif fsdp:
                     per_layer.append(block_forward(prog, ctx, layer, keep=True, residual_out=outs))
                 else:
@@ -253,7 +267,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 ddp.release_first()
             root_grads: list[int] = []
             lm_head_grad = 0
-            if ckpt_casts and ctx.full and not fsdp:
+            if (ckpt_casts or full_cast) and ctx.full and not fsdp:
                 # lm_head's backward on the bf16 copies (ft_llama1b_mixed_ckpt_s4096): the bf16 weight gradient, the
                 # input's bf16 gradient; the logits' gradient, the weight copy and lm_head's saved input go; then
                 # autocast's casts backward: the input's gradient to fp32, the weight's gradient to fp32 (.grad)
@@ -314,7 +328,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                     prog.free(norm_grad)
                 else:
                     grads.append(norm_grad)
-            if recorded_mixed:
+            if recorded_mixed or full_cast:
                 # the final norm's backward (ft_llama1b_mixed_ckpt_s4096): its weight's gradient and reduction, then
                 # the input's gradient: the residual stream's gradient buffer, which the layers' backward add into
                 t1, t2 = prog.alloc("activations", T * h * 4), prog.alloc("activations", T * h * 4)
@@ -363,6 +377,12 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                         fsdp.prefetch(layer - 1)
                 if recorded_mixed:
                     mixed_ckpt_layer_backward(prog, ctx, ckpt_inputs[layer], grads, accumulate)
+                    continue
+                if full_cast:
+                    dy16 = prog.alloc("activations", T * h * e)  # the incoming gradient cast to bf16
+                    mixed_layer_backward(
+                        prog, ctx, *mixed_layers[layer][:1], dy16, mixed_layers[layer][1], grads, accumulate
+                    )
                     continue
                 if prep:
                     bw = kbit_prep.PrepBackward(prog, ctx, {} if w.grad_ckpt else named[layer], grads, accumulate)
@@ -416,7 +436,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 prog.free(copies)
                 if w.grad_ckpt:
                     prog.free(ckpt_inputs[layer])
-            if recorded_mixed:
+            if recorded_mixed or full_cast:
                 # the embedding's gradient is added in place into the tied weight's fp32 .grad (lm_head's), after
                 # the residual gradient goes (ft_llama1b_mixed_ckpt_s4096)
                 emb = prog.alloc("gradients", spec.vocab * h * ctx.dt.param)
@@ -434,7 +454,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 held = [grad, wte]
             else:
                 prog.free(dx)
-            if recorded_mixed:
+            if recorded_mixed or full_cast:
                 pass
             elif ctx.full:
                 # embedding_dense_backward builds a full vocab x hidden gradient. With tied embeddings the shared
