@@ -168,7 +168,12 @@ def eager_nograd(prog: Program, ctx: Ctx, q_w: int, k_w: int, v_w: int, out_w: i
     scores = T * spec.heads * kv_len  # elements: batch * heads * query * key
     kq = prog.alloc("activations", T * q_w * e) if k_w < q_w else 0
     vq = prog.alloc("activations", T * out_w * e) if v_w < out_w else 0
+    # matmul's contiguous copy of the rotated q (RoPE's output keeps the projection's token-major strides, which
+    # bmm cannot take), freed once the scores are made (inf_llama1b_eager, h45_eager_ckpt_qwen15b_b2); a decode
+    # step's single query needs none
+    qc = prog.alloc("activations", T * q_w * e) if kv_len > 1 else 0
     mm = prog.alloc("activations", scores * e)
+    prog.free(qc)
     scaled = prog.alloc("activations", scores * e)
     prog.free(mm)
     masked = prog.alloc("activations", scores * e)

@@ -38,6 +38,7 @@ from gpuready.memory.lm.memo import (
 from gpuready.memory.lm.neox import NeoxKept, neox_recorded, neox_train_backward, neox_train_forward
 from gpuready.memory.lm.ops import (
     CUBLAS_WORKSPACE_BYTES,
+    eager_mask,
     reduce_buffer_bytes,
     rotary_tables,
 )
@@ -132,6 +133,10 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 embd_mask = prog.alloc("activations", T * h)
                 x = prog.alloc("activations", T * h * r)
                 prog.free(summed)
+            # eager attention's float mask, made once per forward after the embedding and kept until the step's
+            # backward has left the first layer (h45_eager_ckpt_qwen15b_b2, h44_lora_qwen7b_eager_ckpt_b2: the
+            # causal boolean, the [B, 1, S, S] mask, the boolean freed)
+            mask = eager_mask(prog, ctx, w.batch, w.seq)
             tables: list[int] = []
             if lora_rec:
                 # the rotary embedding's cos and sin for the batch's positions (one row: position_ids is 1 x seq in
@@ -436,6 +441,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 prog.free(copies)
                 if w.grad_ckpt:
                     prog.free(ckpt_inputs[layer])
+            prog.free(mask)
             if recorded_mixed or full_cast:
                 # the embedding's gradient is added in place into the tied weight's fp32 .grad (lm_head's), after
                 # the residual gradient goes (ft_llama1b_mixed_ckpt_s4096)
