@@ -105,8 +105,11 @@ def block_forward(
             # (under autocast the fp32 x is cast back to 16 bits for lora_A, which keeps that copy; over 16-bit
             # weights the branch then runs in 16 bits, blocks_recorded.project_autocast)
             # (16-bit adapters keep the input itself: sized as a kept copy, a little over)
+            # (under autocast over fp32 weights too: lora_A and lora_B run in bf16, so A's output, B's, the scaled
+            # update and the sum are bf16, h28_lora_llama1b_mixed_b4 and h45_lora_mixed_qwen3_4b_b4: 152 MiB blocks
+            # at 4 x 2048 for qwen3-4b's MLP, 304 when they were sized fp32)
             half = dt.autocast or dt.autocast16 or dt.lora16
-            sixteen = dt.autocast16 or dt.lora16
+            sixteen = half
             out = T * lin.out_features * (e if sixteen else 4)
             save(T * width * (2 if half else 4), 0, (), (out, T * width * 4))
             save(T * ctx.w.lora_r * (e if sixteen else 4), 0, ())
