@@ -429,3 +429,18 @@ def test_lora_under_autocast_over_fp32_weights_runs_its_adapters_in_bf16() -> No
     r = est(model="qwen3-4b", method="lora", batch=4, seq=2048, precision="mixed")
     assert r.peak_reserved_bytes == pytest.approx(88.10 * GIB, rel=0.015)
     assert r.peak_allocated_bytes == pytest.approx(84.67 * GIB, rel=0.005)
+
+
+def test_checkpointed_eager_full_fine_tuning_follows_the_recorded_layer() -> None:
+    # h45_eager_ckpt_qwen15b_b2: the recompute's eager attention (K/V repeated, q's contiguous copy, the scores'
+    # chain, the probabilities kept, their product with V made contiguous for o_proj) in the recorded 16-bit layer;
+    # 23.10 GiB reserved at 2 x 2048 (21.89 with the generic layer: one bf16-logits segment fewer than the GPU)
+    from gpuready.memory.lm.blocks_recorded import recorded_layer_order
+    from gpuready.memory.lm.context import make_ctx
+
+    w = make_workload(model="qwen2.5-1.5b", batch=2, seq=2048, attn="eager", grad_ckpt=True)
+    assert recorded_layer_order(make_ctx(resolve_model(w.model), w), 0)
+    assert estimate(w).peak_reserved_bytes == pytest.approx(23.10 * GIB, rel=0.005)
+    # without checkpointing the generic layer, which its measured row matches (44.03 GiB)
+    plain = make_workload(model="qwen2.5-1.5b", batch=2, seq=2048, attn="eager")
+    assert not recorded_layer_order(make_ctx(resolve_model(plain.model), plain), 0)
