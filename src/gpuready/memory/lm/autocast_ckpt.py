@@ -362,3 +362,26 @@ def mixed_ckpt_layer_backward(prog: Program, ctx: Ctx, x_in: int, grads: list[in
     dy16 = prog.alloc("activations", ctx.tokens * ctx.spec.hidden * 2)  # the incoming gradient cast to bf16
     kept, _ = mixed_layer_forward(prog, ctx, whole=False)
     mixed_layer_backward(prog, ctx, kept, dy16, x_in, grads, accumulate)
+
+
+def mixed_final_norm_backward(prog: Program, ctx: Ctx, dx: int, y: int, x: int) -> int:
+    """The final RMSNorm's backward on the fp32 residual (ft_llama1b_mixed_ckpt_s4096, h45_mixed_smollm2_360m_b16):
+    its weight's gradient and reduction, then the input's: the residual stream's gradient buffer, which the layers'
+    backward add into (returned). `dx` (lm_head's input gradient, fp32), `y` (x * rsqrt) and `x` (the last layer's
+    output, kept by pow) go."""
+    T, h = ctx.tokens, ctx.spec.hidden
+    h32 = T * h * 4
+    t1, t2 = prog.alloc("activations", h32), prog.alloc("activations", h32)
+    prog.transient("activations", reduce_buffer_bytes(h, T))
+    prog.free(t2)
+    prog.free(dx)
+    prog.free(y)
+    t3 = prog.alloc("activations", h32)
+    grad = prog.alloc("activations", h32)
+    prog.free(t3)
+    prog.free(t1)
+    ts = [prog.alloc("activations", h32) for _ in range(4)]
+    prog.free_all(ts[2::-1])
+    prog.free(x)
+    prog.free(ts[3])
+    return grad

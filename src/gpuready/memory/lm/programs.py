@@ -11,6 +11,7 @@ from gpuready.memory.lm.autocast_ckpt import (
     autocast_full_recorded,
     mixed_ckpt_layer_backward,
     mixed_ckpt_recorded,
+    mixed_final_norm_backward,
     mixed_layer_backward,
     mixed_layer_forward,
 )
@@ -39,7 +40,6 @@ from gpuready.memory.lm.neox import NeoxKept, neox_recorded, neox_train_backward
 from gpuready.memory.lm.ops import (
     CUBLAS_WORKSPACE_BYTES,
     eager_mask,
-    reduce_buffer_bytes,
     rotary_tables,
 )
 from gpuready.memory.lm.weights import load_weights
@@ -334,21 +334,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 else:
                     grads.append(norm_grad)
             if recorded_mixed or full_cast:
-                # the final norm's backward (ft_llama1b_mixed_ckpt_s4096): its weight's gradient and reduction, then
-                # the input's gradient: the residual stream's gradient buffer, which the layers' backward add into
-                t1, t2 = prog.alloc("activations", T * h * 4), prog.alloc("activations", T * h * 4)
-                prog.transient("activations", reduce_buffer_bytes(h, T))
-                prog.free(t2)
-                prog.free(dx)
-                prog.free(final.pop(0))
-                t3 = prog.alloc("activations", T * h * 4)
-                dx = prog.alloc("activations", T * h * 4)
-                prog.free(t3)
-                prog.free(t1)
-                ts = [prog.alloc("activations", T * h * 4) for _ in range(4)]
-                prog.free_all(ts[2::-1])
-                prog.free(x)
-                prog.free(ts[3])
+                dx = mixed_final_norm_backward(prog, ctx, dx, final.pop(0), x)
                 x = 0
             if neox and ctx.dt.autocast16:
                 # under autocast: lm_head's input cast goes, the gradient through fp32 (the final norm frees its fp32
@@ -384,10 +370,9 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                     mixed_ckpt_layer_backward(prog, ctx, ckpt_inputs[layer], grads, accumulate)
                     continue
                 if full_cast:
+                    kept_mixed, x_in = mixed_layers[layer]
                     dy16 = prog.alloc("activations", T * h * e)  # the incoming gradient cast to bf16
-                    mixed_layer_backward(
-                        prog, ctx, *mixed_layers[layer][:1], dy16, mixed_layers[layer][1], grads, accumulate
-                    )
+                    mixed_layer_backward(prog, ctx, kept_mixed, dy16, x_in, grads, accumulate)
                     continue
                 if prep:
                     bw = kbit_prep.PrepBackward(prog, ctx, {} if w.grad_ckpt else named[layer], grads, accumulate)
