@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpuready.memory.lm.autograd import Layer
-from gpuready.memory.lm.context import Ctx
+from gpuready.memory.lm.context import Ctx, softmax_upcast_copy
 
 
 def eager_attention_train(layer_: Layer, ctx: Ctx, q_rot: int, k_rot: int, v: int, o_proj: Callable[[], int]) -> int:
@@ -30,7 +30,8 @@ def eager_attention_train(layer_: Layer, ctx: Ctx, q_rot: int, k_rot: int, v: in
     prog.free(mm)
     masked = alloc(scores * e)
     prog.free(scaled)
-    up = alloc(scores * 4)
+    upcast = softmax_upcast_copy(ctx)  # (fp16 takes the fused half-to-float softmax: no copy)
+    up = alloc(scores * 4) if upcast else 0
     sm = alloc(scores * 4)
     prog.free(up)
     probs = alloc(scores * e)
@@ -41,8 +42,11 @@ def eager_attention_train(layer_: Layer, ctx: Ctx, q_rot: int, k_rot: int, v: in
     keep(k_rep, T * q_w * e)
     keep(q_copy, T * q_w * e)
     layer_.grad_node(scores * e)  # `* scaling`
-    layer_.grad_node(scores * e)  # the fp32 copy's backward, cast back to 16 bits
-    keep(sm, scores * 4, transient_after=(scores * 4,))
+    if upcast:
+        layer_.grad_node(scores * e)  # the fp32 copy's backward, cast back to 16 bits
+        keep(sm, scores * 4, transient_after=(scores * 4,))
+    else:  # the fused kernel's backward returns the 16-bit gradient (as blocks_train's generic layer)
+        keep(sm, scores * e)
     layer_.grad_node(scores * 4)  # .to(dtype)'s backward: the probabilities' gradient cast to fp32
     keep(probs, scores * e)
     keep(v_rep, T * q_w * e)
