@@ -44,8 +44,8 @@ def mixed_ckpt_recorded(ctx: Ctx) -> bool:
 
 def autocast_full_recorded(ctx: Ctx) -> bool:
     """Whether full fine-tuning under autocast without checkpointing follows mixed_layer_forward (whole) and
-    mixed_layer_backward: a plain Llama-style layer (RMSNorm, separate q/k/v/o, gated MLP, SDPA's fused kernels) on
-    one GPU. (Qwen2's q/k/v biases are taken as their weights' neighbours: their casts and gradients are small-pool
+    mixed_layer_backward: a plain Llama-style layer (RMSNorm, separate q/k/v/o, gated MLP) on one GPU, with flash
+    attention. (Qwen2's q/k/v biases are taken as their weights' neighbours: their casts and gradients are small-pool
     blocks; qwen2.5-0.5b/1.5b/3b mixed rows within 0.1%.)"""
     spec = ctx.spec
     lins = {lin.name: lin for lin in spec.block_linears}
@@ -56,7 +56,7 @@ def autocast_full_recorded(ctx: Ctx) -> bool:
         and ctx.full
         and not ctx.w.grad_ckpt
         and ctx.shards == 1
-        and ctx.backend in ("flash", "efficient")
+        and ctx.backend == "flash"  # (with a mask SDPA takes the memory-efficient kernel on repeated K/V: not recorded)
         and spec.norm == "rms"
         and spec.norms_per_layer == 2
         and spec.gated_mlp
