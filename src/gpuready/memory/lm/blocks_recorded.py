@@ -37,7 +37,14 @@ def recorded_layer_order(ctx: Ctx, layer: int) -> bool:
             # eager attention as recorded in a checkpointed layer's recompute (h45_eager_ckpt_qwen15b_b2: -5.2% ->
             # -0.1%); without checkpointing the generic layer stays, which the measured rows match (qwen2.5-1.5b
             # eager full at 2 x 2048: -0.0% generic, +5.3% on this layer: one fp32-logits segment more, no history)
-            or (ctx.backend == "eager" and ctx.dt.act == 2 and ctx.full and ctx.w.grad_ckpt)
+            # (not Gemma 2, whose eager attention also soft-caps its scores: not recorded)
+            or (
+                ctx.backend == "eager"
+                and ctx.dt.act == 2
+                and ctx.full
+                and ctx.w.grad_ckpt
+                and spec.model_type not in GEMMA_NORMS
+            )
         )
         and not expanded
         and attn
