@@ -284,3 +284,21 @@ def test_the_probe_prepares_a_4bit_model_and_casts_adapters_as_the_workload_says
     calls.clear()
     _apply_lora(Model(), {"workload": {**job, "kbit_prep": False, "lora_dtype": "fp32"}})
     assert calls == ["get_peft_model"]
+
+
+def test_a_model_without_an_sdpa_path_is_skipped_with_the_flag_to_use() -> None:
+    # transformers refuses SDPA for a class with `_supports_sdpa = False` (Gemma 2 from 5.2x: its attention
+    # soft-caps the scores); the probe reports that as unsupported, naming --attn eager, not as a crash
+    from gpuready.trial.probe import ProbeSkip, sdpa_or_skip
+
+    def refuse() -> None:
+        raise ValueError(
+            "Gemma2ForCausalLM does not support an attention implementation through "
+            "torch.nn.functional.scaled_dot_product_attention yet."
+        )
+
+    with pytest.raises(ProbeSkip, match="--attn eager"):
+        sdpa_or_skip(refuse, "gemma2", "sdpa")
+    with pytest.raises(ValueError):  # any other error, or eager asked for, is the job's fault as before
+        sdpa_or_skip(refuse, "gemma2", "eager")
+    assert sdpa_or_skip(lambda: 7, "llama", "sdpa") == 7

@@ -27,6 +27,7 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,20 @@ def _optimizer(torch: Any, optim: str, params: list[Any]) -> Any:
     raise ProbeSkip(f"unknown optimizer {optim!r}")
 
 
+def sdpa_or_skip(build: Callable[[], Any], model_type: str, attn: str) -> Any:
+    """`build()`, with transformers' refusal of SDPA for a model class that has none (Gemma 2 from transformers
+    5.2x: `_supports_sdpa = False`, softcapping) turned into a skip that names the flag to use."""
+    try:
+        return build()
+    except ValueError as exc:
+        if attn == "sdpa" and "scaled_dot_product_attention" in str(exc):
+            raise ProbeSkip(
+                f"--attn sdpa: this transformers has no SDPA path for {model_type} (it runs it with eager attention "
+                "by default); rerun with --attn eager"
+            ) from exc
+        raise
+
+
 def _build_lm(torch: Any, spec: dict[str, Any]) -> Any:
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -98,12 +113,16 @@ def _build_lm(torch: Any, spec: dict[str, Any]) -> Any:
         from gpuready.trial import qlora
     if spec.get("weights_path"):
         extra = {"quantization_config": qlora.bnb_config(dtype)} if four_bit else {}
-        return AutoModelForCausalLM.from_pretrained(
-            spec["weights_path"],
-            dtype=dtype,
-            attn_implementation=attn,
-            device_map={"": torch.cuda.current_device()},
-            **extra,
+        return sdpa_or_skip(
+            lambda: AutoModelForCausalLM.from_pretrained(
+                spec["weights_path"],
+                dtype=dtype,
+                attn_implementation=attn,
+                device_map={"": torch.cuda.current_device()},
+                **extra,
+            ),
+            str(spec.get("config", {}).get("model_type", spec["weights_path"])),
+            attn,
         )
     config = dict(spec["config"])
     model_type = config.pop("model_type")
@@ -111,9 +130,13 @@ def _build_lm(torch: Any, spec: dict[str, Any]) -> Any:
         attn = "eager"  # transformers has no SDPA path for gpt-oss's attention sinks
     cfg = AutoConfig.for_model(model_type, **config)
     if four_bit:
-        return qlora.build_from_config(torch, cfg, dtype, attn)
+        return sdpa_or_skip(lambda: qlora.build_from_config(torch, cfg, dtype, attn), model_type, attn)
     with torch.device("cuda"):
-        return AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attn)  # type: ignore[no-untyped-call]
+        return sdpa_or_skip(
+            lambda: AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attn),  # type: ignore[no-untyped-call]
+            model_type,
+            attn,
+        )
 
 
 def _build_vision(torch: Any, spec: dict[str, Any]) -> Any:
