@@ -444,3 +444,11 @@ def test_checkpointed_eager_full_fine_tuning_follows_the_recorded_layer() -> Non
     # without checkpointing the generic layer, which its measured row matches (44.03 GiB)
     plain = make_workload(model="qwen2.5-1.5b", batch=2, seq=2048, attn="eager")
     assert not recorded_layer_order(make_ctx(resolve_model(plain.model), plain), 0)
+
+
+def test_gemma2_says_which_attention_its_figures_assume() -> None:
+    # transformers 5.24 has no SDPA path for Gemma 2 (it runs eager with soft-capped scores); the measured rows ran
+    # SDPA under 5.17: the assumptions say so and name the flag that sizes the other case
+    notes = " ".join(est(model="gemma-2-2b", method="lora").assumptions)
+    assert "transformers 5.24" in notes and "--attn eager" in notes
+    assert "transformers 5.24" not in " ".join(est(model="llama-3.2-1b").assumptions)

@@ -287,7 +287,7 @@ def test_the_probe_prepares_a_4bit_model_and_casts_adapters_as_the_workload_says
 
 
 def test_a_model_without_an_sdpa_path_is_skipped_with_the_flag_to_use() -> None:
-    # transformers refuses SDPA for a class with `_supports_sdpa = False` (Gemma 2 from 5.2x: its attention
+    # transformers refuses SDPA for a class with `_supports_sdpa = False` (Gemma 2 in 5.24: its attention
     # soft-caps the scores); the probe reports that as unsupported, naming --attn eager, not as a crash
     from gpuready.trial.probe import ProbeSkip, sdpa_or_skip
 

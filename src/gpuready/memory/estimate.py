@@ -381,6 +381,12 @@ def assumptions(
             "eager": "eager attention (keeps batch×heads×seq² scores in fp32 and in the model dtype)",
         }
         out.append(f"attention kernel: {kernels[ctx.backend]}")
+        if spec.model_type == "gemma2":
+            out.append(
+                "Gemma 2 with the attention asked for, as transformers 5.17 (measured) runs it; transformers 5.24 has "
+                "no SDPA path for it and runs eager attention, whose score soft-capping is not modelled: size that "
+                "with --attn eager"
+            )
         if w.training:
             out.append("Hugging Face loss: logits upcast to fp32, log-softmax kept for backward")
             if w.method != "full":

@@ -85,8 +85,8 @@ def _optimizer(torch: Any, optim: str, params: list[Any]) -> Any:
 
 
 def sdpa_or_skip(build: Callable[[], Any], model_type: str, attn: str) -> Any:
-    """`build()`, with transformers' refusal of SDPA for a model class that has none (Gemma 2 from transformers
-    5.2x: `_supports_sdpa = False`, softcapping) turned into a skip that names the flag to use."""
+    """`build()`, with transformers' refusal of SDPA for a model class that has none (Gemma 2 in transformers
+    5.24: `_supports_sdpa = False`, softcapping) turned into a skip that names the flag to use."""
     try:
         return build()
     except ValueError as exc:
