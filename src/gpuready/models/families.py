@@ -80,6 +80,7 @@ def family_spec(cfg: dict[str, Any], mtype: str, name: str, source: str) -> Mode
             "sliding_window": int(window) if window else None,
             "sliding_layers": sliding,
             "logit_softcap": bool(cfg.get("final_logit_softcapping")),
+            "attn_softcap": bool(cfg.get("attn_logit_softcapping")),
         }
         bias = {"qkv": bool(cfg.get("attention_bias")), "o": bool(cfg.get("attention_bias"))}
     elif mtype in ("qwen3_moe", "qwen2_moe"):

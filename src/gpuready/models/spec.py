@@ -67,6 +67,7 @@ class ModelSpec:
     sliding_window: int | None = None
     sliding_layers: int = 0  # how many layers use the sliding window (gemma2: every other one)
     logit_softcap: bool = False
+    attn_softcap: bool = False  # gemma2: eager attention soft-caps its scores (/ cap, tanh, * cap)
     # mixture of experts
     experts: int = 0
     experts_per_token: int = 0
@@ -266,6 +267,7 @@ def _lm_spec(cfg: dict[str, Any], mtype: str, name: str, source: str) -> ModelSp
         sliding_window=int(sliding) if sliding else None,
         sliding_layers=sliding_layers,
         logit_softcap=bool(cfg.get("final_logit_softcapping")),
+        attn_softcap=bool(cfg.get("attn_logit_softcapping")),
         experts=experts,
         experts_per_token=int(_get(cfg, "num_experts_per_tok", default=0)),
         moe_intermediate=int(_get(cfg, "moe_intermediate_size", default=0) or _get(cfg, "intermediate_size")),

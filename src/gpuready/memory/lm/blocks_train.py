@@ -192,6 +192,16 @@ def block_forward(
             t = tmp(scores * e)
             t2 = tmp(scores * e)
             drop(t)
+            if spec.attn_softcap:
+                # Gemma 2 (modeling_gemma2.eager_attention_forward): / cap, tanh (its output kept for its backward),
+                # * cap; each a new score-sized tensor, the one before dropped
+                layer_.grad_node(scores * e)  # / cap
+                d = tmp(scores * e)
+                drop(t2)
+                save(scores * e, scores * e)  # tanh
+                drop(d)
+                layer_.grad_node(scores * e)  # * cap
+                t2 = tmp(scores * e)
             t3 = tmp(scores * e)
             drop(t2)
             upcast = softmax_upcast_copy(ctx)  # softmax's fp32 copy of a bf16 input

@@ -176,6 +176,11 @@ def eager_nograd(prog: Program, ctx: Ctx, q_w: int, k_w: int, v_w: int, out_w: i
     prog.free(qc)
     scaled = prog.alloc("activations", scores * e)
     prog.free(mm)
+    if spec.attn_softcap:  # Gemma 2: / cap, tanh, * cap, each rebinding the scores (the one before goes)
+        for _ in range(3):
+            capped = prog.alloc("activations", scores * e)
+            prog.free(scaled)
+            scaled = capped
     masked = prog.alloc("activations", scores * e)
     prog.free(scaled)
     shifted = 0
