@@ -448,7 +448,7 @@ def test_checkpointed_eager_full_fine_tuning_follows_the_recorded_layer() -> Non
 
 def test_gemma2_says_which_attention_its_figures_assume() -> None:
     # transformers 5.24 has no SDPA path for Gemma 2 (it runs eager with soft-capped scores); the measured rows ran
-    # SDPA under 5.17: the assumptions say so and name the flag that sizes the other case
+    # SDPA under 5.17: the assumptions say so and name the flag that sizes the other case (eager, soft-capping modelled)
     notes = " ".join(est(model="gemma-2-2b", method="lora").assumptions)
     assert "transformers 5.24" in notes and "--attn eager" in notes
     assert "transformers 5.24" not in " ".join(est(model="llama-3.2-1b").assumptions)

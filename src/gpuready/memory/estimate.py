@@ -384,8 +384,8 @@ def assumptions(
         if spec.model_type == "gemma2":
             out.append(
                 "Gemma 2 with the attention asked for, as transformers 5.17 (measured) runs it; transformers 5.24 has "
-                "no SDPA path for it and runs eager attention, whose score soft-capping is not modelled: size that "
-                "with --attn eager"
+                "no SDPA path for it and runs eager attention with soft-capped scores: size that with --attn eager "
+                "(modelled from the code, not yet measured)"
             )
         if w.training:
             out.append("Hugging Face loss: logits upcast to fp32, log-softmax kept for backward")
