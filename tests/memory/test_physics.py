@@ -377,13 +377,13 @@ def test_qwen_moe_routing_product_stays_in_16_bits() -> None:
     r = est(model="qwen3-30b-a3b", task="infer", batch=16, seq=1024, new_tokens=128)
     assert r.peak_allocated_bytes == pytest.approx(60.67 * GIB, rel=0.003)
 
-    class _Ctx:  # routing_bytes reads the model type and the activations' width
-        def __init__(self, model_type: str) -> None:
-            self.spec = type("S", (), {"model_type": model_type})()
-            self.dt = type("D", (), {"act": 2})()
+    from gpuready.memory.lm.context import make_ctx
 
-    assert routing_bytes(_Ctx("qwen3_moe")) == 2  # type: ignore[arg-type]
-    assert routing_bytes(_Ctx("deepseek_v3")) == 4  # type: ignore[arg-type]
+    def ctx(model: str):  # type: ignore[no-untyped-def]
+        return make_ctx(resolve_model(model), make_workload(model=model, task="infer"))
+
+    assert routing_bytes(ctx("qwen3-30b-a3b")) == 2
+    assert routing_bytes(ctx("deepseek-v3")) == 4
 
 
 def test_autocast_full_fine_tuning_keeps_the_fp32_residual_itself() -> None:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gpuready.nvml.inventory import Nvml, _text
+from gpuready.nvml.inventory import Nvml, nvml_text
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ class NvmlHealth(Nvml):
             got = pynvml.nvmlDeviceGetUUID(self._handle(index))
         except Exception:
             return None
-        return _text(got)
+        return nvml_text(got)
 
     def reading(self, index: int) -> GpuReading:
         if not self._init():

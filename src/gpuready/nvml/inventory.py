@@ -90,7 +90,7 @@ class NvmlReport:
         return self.cuda_driver_version // 1000, (self.cuda_driver_version % 1000) // 10
 
 
-def _text(value: Any) -> str:
+def nvml_text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
@@ -141,7 +141,7 @@ def read_nvml(lib: Any = None) -> NvmlReport:
         count = get("nvmlDeviceGetCount")
         gpus = tuple(_read_gpu(lib, get, i) for i in range(int(count or 0)))
         return NvmlReport(
-            driver_version=_text(driver) if driver is not None else None,
+            driver_version=nvml_text(driver) if driver is not None else None,
             cuda_driver_version=int(cuda) if cuda is not None else None,
             gpus=gpus,
         )
@@ -183,9 +183,9 @@ def _read_gpu(lib: Any, get: Callable[..., Any], index: int) -> NvmlGpu:
     persistence = get("nvmlDeviceGetPersistenceMode", handle)
     return NvmlGpu(
         index=index,
-        name=_text(name) if name is not None else None,
-        uuid=_text(uuid) if uuid is not None else None,
-        pci_bus_id=_text(getattr(pci, "busId", "")) or None if pci is not None else None,
+        name=nvml_text(name) if name is not None else None,
+        uuid=nvml_text(uuid) if uuid is not None else None,
+        pci_bus_id=nvml_text(getattr(pci, "busId", "")) or None if pci is not None else None,
         memory_total_bytes=int(mem.total) if mem is not None else None,
         memory_used_bytes=int(mem.used) if mem is not None else None,
         memory_free_bytes=int(mem.free) if mem is not None else None,

@@ -20,41 +20,14 @@ from gpuready.memory.lm.ops import flash_backward_workspace_bytes, reduce_buffer
 from gpuready.memory.program import Program
 
 
-def mixed_ckpt_recorded(ctx: Ctx) -> bool:
-    """Whether full fine-tuning under autocast with checkpointing can follow the recorded per-layer backward
-    (mixed_ckpt_layer_backward): a plain Llama-style layer (RMSNorm, separate q/k/v/o without biases, gated MLP,
-    flash attention) on one GPU."""
+def _plain_mixed_layer(ctx: Ctx) -> bool:
+    """Full fine-tuning under autocast (fp32 weights and residual stream) of a plain Llama-style layer (RMSNorm,
+    separate q/k/v/o, gated MLP, flash attention) on one GPU: the layer the recorded histories show."""
     spec, lins = ctx.spec, {lin.name: lin for lin in ctx.spec.block_linears}
     names = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
     return (
         ctx.dt.autocast
-        and ctx.w.grad_ckpt
         and ctx.full
-        and ctx.shards == 1
-        and ctx.backend == "flash"
-        and spec.norm == "rms"
-        and spec.norms_per_layer == 2
-        and spec.gated_mlp
-        and not (spec.mla or spec.experts or spec.shared_intermediate or spec.qk_norm or spec.learned_positions)
-        and set(lins) == names
-        and not any(lin.bias or lin.count != 1 for lin in lins.values())
-        and spec.model_type in ("llama", "mistral", "qwen2", "qwen3")
-    )
-
-
-def autocast_full_recorded(ctx: Ctx) -> bool:
-    """Whether full fine-tuning under autocast without checkpointing follows mixed_layer_forward (whole) and
-    mixed_layer_backward: a plain Llama-style layer (RMSNorm, separate q/k/v/o, gated MLP) on one GPU, with flash
-    attention. (Qwen2's q/k/v biases are taken as their weights' neighbours: their casts and gradients are small-pool
-    blocks; qwen2.5-0.5b/1.5b/3b mixed rows within 0.1%.)"""
-    spec = ctx.spec
-    lins = {lin.name: lin for lin in spec.block_linears}
-    names = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
-    return (
-        ctx.dt.autocast
-        and ctx.dt.resid == 4
-        and ctx.full
-        and not ctx.w.grad_ckpt
         and ctx.shards == 1
         and ctx.backend == "flash"  # (with a mask SDPA takes the memory-efficient kernel on repeated K/V: not recorded)
         and spec.norm == "rms"
@@ -63,8 +36,21 @@ def autocast_full_recorded(ctx: Ctx) -> bool:
         and not (spec.mla or spec.experts or spec.shared_intermediate or spec.qk_norm or spec.learned_positions)
         and set(lins) == names
         and not any(lin.count != 1 for lin in lins.values())
-        and spec.model_type in ("llama", "mistral", "qwen2")
+        and spec.model_type in ("llama", "mistral", "qwen2", "qwen3")
     )
+
+
+def mixed_ckpt_recorded(ctx: Ctx) -> bool:
+    """Whether full fine-tuning under autocast with checkpointing follows the recorded per-layer recompute and
+    backward (mixed_ckpt_layer_backward): the plain layer, its linears without biases."""
+    return ctx.w.grad_ckpt and _plain_mixed_layer(ctx) and not any(lin.bias for lin in ctx.spec.block_linears)
+
+
+def autocast_full_recorded(ctx: Ctx) -> bool:
+    """Whether full fine-tuning under autocast without checkpointing follows mixed_layer_forward (whole) and
+    mixed_layer_backward: the plain layer. (Qwen2's q/k/v biases are taken as their weights' neighbours: their casts
+    and gradients are small-pool blocks; qwen2.5-0.5b/1.5b/3b mixed rows within 0.1%.)"""
+    return not ctx.w.grad_ckpt and _plain_mixed_layer(ctx)
 
 
 @dataclass(frozen=True)

@@ -109,10 +109,9 @@ def block_forward(
             # update and the sum are bf16, h28_lora_llama1b_mixed_b4 and h45_lora_mixed_qwen3_4b_b4: 152 MiB blocks
             # at 4 x 2048 for qwen3-4b's MLP, 304 when they were sized fp32)
             half = dt.autocast or dt.autocast16 or dt.lora16
-            sixteen = half
-            out = T * lin.out_features * (e if sixteen else 4)
+            out = T * lin.out_features * (e if half else 4)
             save(T * width * (2 if half else 4), 0, (), (out, T * width * 4))
-            save(T * ctx.w.lora_r * (e if sixteen else 4), 0, ())
+            save(T * ctx.w.lora_r * (e if half else 4), 0, ())
             prog.transient("activations", out, out)
 
     lins = {lin.name: lin for lin in layer_linears(spec, layer)}

@@ -258,10 +258,8 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
             if prep:  # lm_head's fp32 weight cast to bf16 by autocast (frozen: not cached), kept for backward
                 head_cast = prog.alloc("autocast_weight_copies", spec.vocab * h * 2)
             kept = logits_and_loss_forward(prog, ctx, frozen_out, cast_input=prep)
-            if full_cast:
-                prog.free(norm_out)
-            if ckpt_casts:
-                # the region ends: the final norm's output and the layers' cached weight copies go
+            if ckpt_casts or full_cast:
+                # the region ends: the final norm's output and (checkpointed) the layers' cached weight copies go
                 prog.free(norm_out)
                 prog.free_all(forward_copies)
             elif forward_copies:  # --autocast: the adapters' weight copies cached in the checkpointed first pass
