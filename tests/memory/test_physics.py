@@ -446,6 +446,28 @@ def test_checkpointed_eager_full_fine_tuning_follows_the_recorded_layer() -> Non
     assert not recorded_layer_order(make_ctx(resolve_model(plain.model), plain), 0)
 
 
+def test_eager_lora_follows_the_recorded_layer_and_copies_q_only_past_one_sequence() -> None:
+    # h47_lora_llama1b_eager_b1: LoRA with eager attention runs the recorded 16-bit layer (its forward is the GPU's
+    # event for event); with one sequence matmul views the rotated q as [H, S, D] (no copy), o_proj's fp32 adapter
+    # keeps its own copy of attention's output, which goes after o_proj. 22.32 GiB allocated and 23.92 reserved at
+    # 1 x 2048; a 24 GiB card failed at batch 1 (max-batch set 26), which the fit now says
+    from gpuready.memory.lm.blocks_recorded import recorded_layer_order
+    from gpuready.memory.lm.context import make_ctx
+    from gpuready.memory.lm.eager import strided_copies
+
+    def ctx(batch: int):  # type: ignore[no-untyped-def]
+        w = make_workload(model="llama-3.2-1b", method="lora", batch=batch, seq=2048, attn="eager")
+        return make_ctx(resolve_model(w.model), w)
+
+    assert recorded_layer_order(ctx(1), 0)
+    assert not strided_copies(ctx(1)) and strided_copies(ctx(2))
+    r = est(model="llama-3.2-1b", method="lora", batch=1, seq=2048, attn="eager")
+    assert r.peak_allocated_bytes == pytest.approx(22.32 * GIB, rel=0.01)
+    assert r.peak_reserved_bytes == pytest.approx(23.92 * GIB, rel=0.025)
+    on_24 = estimate(make_workload(model="llama-3.2-1b", method="lora", seq=2048, attn="eager"), 24 * GIB)
+    assert on_24.max_batch == 0
+
+
 def test_gemma2_says_which_attention_its_figures_assume() -> None:
     # transformers 5.24 has no SDPA path for Gemma 2 (it runs eager with soft-capped scores); the measured rows ran
     # SDPA under 5.17: the assumptions say so and name the flag that sizes the other case (eager, soft-capping modelled)

@@ -35,14 +35,15 @@ def recorded_layer_order(ctx: Ctx, layer: int) -> bool:
             ctx.backend in ("flash", "efficient")
             or (ctx.backend == "math" and ctx.dt.act == 4)
             # eager attention as recorded in a checkpointed layer's recompute (h45_eager_ckpt_qwen15b_b2: -5.2% ->
-            # -0.1%); without checkpointing the generic layer stays, which the measured rows match (qwen2.5-1.5b
-            # eager full at 2 x 2048: -0.0% generic, +5.3% on this layer: one fp32-logits segment more, no history)
-            # (not Gemma 2, whose eager attention also soft-caps its scores: not recorded)
+            # -0.1%) and under LoRA (h47_lora_llama1b_eager_b1: forward identical to the GPU's; the four LoRA eager
+            # rows +2.0 ... -0.0% -> +0.1 ... -0.0%). Full fine-tuning without checkpointing keeps the generic layer:
+            # its backward's matmuls make both operands' gradients before freeing what they kept, which the generic
+            # walk does not (h46_eager_full_qwen15b_b2: +5.3% on this layer, -0.0% on the generic). Not Gemma 2,
+            # whose eager attention also soft-caps its scores (not recorded).
             or (
                 ctx.backend == "eager"
                 and ctx.dt.act == 2
-                and ctx.full
-                and ctx.w.grad_ckpt
+                and (ctx.w.grad_ckpt or not ctx.full)
                 and spec.model_type not in GEMMA_NORMS
             )
         )
@@ -295,7 +296,8 @@ def plain_block_forward(
         prog.free(k_new)
         prog.free(v_out)
     elif ctx.backend == "eager":
-        o_out = eager_attention_train(layer_, ctx, q_new, k_new, v_out, lambda: project("o_proj", q_w, h))
+        o_keeps = full or (lora16 and "o_proj" in ctx.lora)
+        o_out = eager_attention_train(layer_, ctx, q_new, k_new, v_out, lambda: project("o_proj", q_w, h), o_keeps)
     else:
         save_handle(q_new, T * q_w * e)
         save_handle(k_new, T * kv_w * e)

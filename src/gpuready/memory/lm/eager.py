@@ -8,7 +8,9 @@ from gpuready.memory.lm.autograd import Layer
 from gpuready.memory.lm.context import Ctx, softmax_upcast_copy
 
 
-def eager_attention_train(layer_: Layer, ctx: Ctx, q_rot: int, k_rot: int, v: int, o_proj: Callable[[], int]) -> int:
+def eager_attention_train(
+    layer_: Layer, ctx: Ctx, q_rot: int, k_rot: int, v: int, o_proj: Callable[[], int], o_keeps_input: bool
+) -> int:
     """transformers' eager attention under autograd in a 16-bit layer, as the recorded history
     h45_eager_ckpt_qwen15b_b2 runs it: K and V repeated to every head (kept by the matmuls), matmul's contiguous copy
     of the rotated q (kept), q @ kᵀ, `* scaling`, `+ mask`, softmax's fp32 copy and fp32 output (kept), `.to(dtype)`
@@ -24,7 +26,9 @@ def eager_attention_train(layer_: Layer, ctx: Ctx, q_rot: int, k_rot: int, v: in
     gqa = kv_w < q_w
     k_rep = alloc(T * q_w * e) if gqa else k_rot
     v_rep = alloc(T * q_w * e) if gqa else v
-    q_copy = alloc(T * q_w * e)
+    copies = strided_copies(ctx)
+    q_copy = alloc(T * q_w * e) if copies else 0
+    k_copy = alloc(T * q_w * e) if copies and not gqa else 0
     mm = alloc(scores * e)
     scaled = alloc(scores * e)
     prog.free(mm)
@@ -36,11 +40,12 @@ def eager_attention_train(layer_: Layer, ctx: Ctx, q_rot: int, k_rot: int, v: in
     prog.free(up)
     probs = alloc(scores * e)
     prog.free(masked)
+    v_copy = alloc(T * q_w * e) if copies and not gqa else 0
     av = alloc(T * q_w * e)
     out = alloc(T * q_w * e)
     prog.free(av)
-    keep(k_rep, T * q_w * e)
-    keep(q_copy, T * q_w * e)
+    keep(k_copy or k_rep, T * q_w * e)
+    keep(q_copy or q_rot, T * q_w * e)
     layer_.grad_node(scores * e)  # `* scaling`
     if upcast:
         layer_.grad_node(scores * e)  # the fp32 copy's backward, cast back to 16 bits
@@ -49,12 +54,25 @@ def eager_attention_train(layer_: Layer, ctx: Ctx, q_rot: int, k_rot: int, v: in
         keep(sm, scores * e)
     layer_.grad_node(scores * 4)  # .to(dtype)'s backward: the probabilities' gradient cast to fp32
     keep(probs, scores * e)
-    keep(v_rep, T * q_w * e)
+    keep(v_copy or v_rep, T * q_w * e)
     layer_.grad_node(T * q_w * e)  # transpose(1, 2).contiguous()'s backward
-    keep(out, T * q_w * e)  # o_proj's input
+    if o_keeps_input:  # o_proj's weight gradient (or a 16-bit adapter's lora_A) keeps its input
+        keep(out, T * q_w * e)
     o_out = o_proj()
-    prog.free(q_rot)
-    if gqa:
+    if not o_keeps_input:  # an fp32 adapter keeps its own fp32 copy, a frozen linear nothing
+        prog.free(out)
+    if q_copy:
+        prog.free(q_rot)
+    if gqa or copies:
         prog.free(k_rot)
         prog.free(v)
     return o_out
+
+
+def strided_copies(ctx: Ctx) -> bool:
+    """Whether eager attention's matmuls copy their operands: the projections' outputs keep their token-major strides
+    through view/transpose (and RoPE, whose elementwise ops keep an input's layout), so [B, H, S, D] cannot be viewed
+    as [B * H, S, D] for bmm when B > 1 and matmul's reshape copies it (ATen's _matmul_impl); with one sequence it is
+    a view (the recorded history h47_lora_llama1b_eager_b1 has no copy; h45_eager_ckpt_qwen15b_b2, at batch 2, copies
+    q). K and V repeated to grouped-query heads (repeat_kv) are contiguous already."""
+    return ctx.w.batch > 1 and ctx.tokens > ctx.w.batch
