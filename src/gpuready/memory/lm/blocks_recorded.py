@@ -40,12 +40,7 @@ def recorded_layer_order(ctx: Ctx, layer: int) -> bool:
             # its backward's matmuls make both operands' gradients before freeing what they kept, which the generic
             # walk does not (h46_eager_full_qwen15b_b2: +5.3% on this layer, -0.0% on the generic). Not Gemma 2,
             # whose eager attention also soft-caps its scores (not recorded).
-            or (
-                ctx.backend == "eager"
-                and ctx.dt.act == 2
-                and (ctx.w.grad_ckpt or not ctx.full)
-                and spec.model_type not in GEMMA_NORMS
-            )
+            or (ctx.backend == "eager" and ctx.dt.act == 2 and (ctx.w.grad_ckpt or not ctx.full))
         )
         and not expanded
         and attn

@@ -32,6 +32,13 @@ def eager_attention_train(
     mm = alloc(scores * e)
     scaled = alloc(scores * e)
     prog.free(mm)
+    tanh = 0
+    if spec.attn_softcap:  # Gemma 2: / cap, tanh (its output kept for its backward), * cap, each rebinding the scores
+        div = alloc(scores * e)
+        prog.free(scaled)
+        tanh = alloc(scores * e)
+        prog.free(div)
+        scaled = alloc(scores * e)
     masked = alloc(scores * e)
     prog.free(scaled)
     upcast = softmax_upcast_copy(ctx)  # (fp16 takes the fused half-to-float softmax: no copy)
@@ -47,6 +54,10 @@ def eager_attention_train(
     keep(k_copy or k_rep, T * q_w * e)
     keep(q_copy or q_rot, T * q_w * e)
     layer_.grad_node(scores * e)  # `* scaling`
+    if tanh:
+        layer_.grad_node(scores * e)  # `/ cap`
+        keep(tanh, scores * e)
+        layer_.grad_node(scores * e)  # `* cap`
     if upcast:
         layer_.grad_node(scores * e)  # the fp32 copy's backward, cast back to 16 bits
         keep(sm, scores * 4, transient_after=(scores * 4,))

@@ -16,6 +16,7 @@ from gpuready.memory.lm.memo import (
 )
 from gpuready.memory.lm.ops import (
     eager_mask,
+    embedding_output,
     rms_norm_nograd,
     rotary_tables,
 )
@@ -63,11 +64,12 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
     for _rep in range(1 if w.new_tokens else 2):
         prog.set_phase("prefill")
         # the model's forward keeps `inputs_embeds` referenced for the whole pass
-        embeds = prog.alloc("activations", B * S * h * ctx.dt.resid)
+        embeds = embedding_output(prog, ctx, B * S * h * ctx.dt.resid)
         x = embeds
+        # the model's forward builds eager attention's masks, then the rotary tables (h47_gen_gemma2b_eager_b16)
+        mask = eager_mask(prog, ctx, B, S)
         tables = rotary_tables(prog, ctx, B, S, first_matmul=not workspace)
         workspace = True
-        mask = eager_mask(prog, ctx, B, S)
         cache: list[int] = []
         for layer in range(spec.layers):
             # a sliding-window layer keeps the whole prompt's K and V through the prefill: transformers'
@@ -78,11 +80,11 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
         if spec.model_type == "gpt2":
             normed = prog.alloc("activations", B * S * h * ctx.dt.resid)
         else:
-            normed = rms_norm_nograd(prog, B * S, h, ctx.dt.resid, gemma=spec.model_type == "gemma3_text")
+            normed = rms_norm_nograd(prog, B * S, h, ctx.dt.resid, gemma=spec.model_type in ("gemma2", "gemma3_text"))
         prog.free(x)
         # the base model returns: its input embeddings, mask and rotary tables go before lm_head runs
         prog.free(embeds)
-        prog.free(mask)
+        prog.free_all(mask)
         prog.free_all(tables)
         if w.new_tokens == 0:
             logits = prog.alloc("logits_and_loss", B * S * V * e)  # every position's logits

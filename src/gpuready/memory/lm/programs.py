@@ -40,6 +40,7 @@ from gpuready.memory.lm.neox import NeoxKept, neox_recorded, neox_train_backward
 from gpuready.memory.lm.ops import (
     CUBLAS_WORKSPACE_BYTES,
     eager_mask,
+    embedding_output,
     rotary_tables,
 )
 from gpuready.memory.lm.weights import load_weights
@@ -120,7 +121,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
             forward_copies: list[int] = []
             if fsdp:
                 fsdp.gather(root)
-            x = prog.alloc("activations", T * h * r)  # embedding output, the residual stream
+            x = embedding_output(prog, ctx, T * h * r)  # the residual stream
             wte = wpe = embd_mask = 0
             if gpt2_embed:
                 # GPT-2's embeddings under peft's checkpointing (h38_lora_gpt2m_ckpt_b16): the token embeddings
@@ -424,7 +425,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 prog.free(copies)
                 if w.grad_ckpt:
                     prog.free(ckpt_inputs[layer])
-            prog.free(mask)
+            prog.free_all(mask)
             if recorded_mixed or full_cast:
                 # the embedding's gradient is added in place into the tied weight's fp32 .grad (lm_head's), after
                 # the residual gradient goes (ft_llama1b_mixed_ckpt_s4096)
