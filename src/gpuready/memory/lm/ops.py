@@ -191,11 +191,15 @@ def eager_nograd(prog: Program, ctx: Ctx, q_w: int, k_w: int, v_w: int, out_w: i
     kq = prog.alloc("activations", T * q_w * e) if k_w < q_w else 0
     vq = prog.alloc("activations", T * out_w * e) if v_w < out_w else 0
     # matmul's contiguous copy of the rotated q (RoPE's output keeps the projection's token-major strides, which
-    # bmm cannot take), freed once the scores are made (inf_llama1b_eager, h45_eager_ckpt_qwen15b_b2); a decode
-    # step's single query needs none
-    qc = prog.alloc("activations", T * q_w * e) if kv_len > 1 else 0
+    # bmm cannot take past one sequence: eager.strided_copies), freed once the scores are made (inf_llama1b_eager,
+    # h45_eager_ckpt_qwen15b_b2); without grouped-query heads k's too (and v's before the product); a decode step's
+    # single query needs none, and its K and V are the cache's contiguous concatenation
+    copies = kv_len > 1 and ctx.w.batch > 1
+    qc = prog.alloc("activations", T * q_w * e) if copies else 0
+    kc = prog.alloc("activations", T * q_w * e) if copies and not kq else 0
     mm = prog.alloc("activations", scores * e)
     prog.free(qc)
+    prog.free(kc)
     scaled = prog.alloc("activations", scores * e)
     prog.free(mm)
     if spec.attn_softcap:  # Gemma 2: / cap, tanh, * cap, each rebinding the scores (the one before goes)
@@ -215,7 +219,9 @@ def eager_nograd(prog: Program, ctx: Ctx, q_w: int, k_w: int, v_w: int, out_w: i
         probs = prog.alloc("activations", scores * e)
         prog.free(sm)
     prog.free(masked)
+    vc = prog.alloc("activations", T * out_w * e) if copies and not vq else 0
     av = prog.alloc("activations", T * out_w * e)
+    prog.free(vc)
     out = prog.alloc("activations", T * out_w * e)  # transpose(1, 2).contiguous()
     prog.free(av)
     prog.free(kq)
