@@ -286,7 +286,7 @@ def margin_kind(spec: ModelSpec, w: Workload) -> str:
         return "vit_train" if w.training else "vit"
     if not w.training:
         return "generate" if w.new_tokens > 0 else "lm"
-    return "lm_eager" if w.attn == "eager" else "lm"
+    return "lm_eager" if w.attn == "eager" and w.grad_ckpt else "lm"
 
 
 def fits_at_batch(spec: ModelSpec, w: Workload, batch: int, gpu_memory_bytes: int, meta_init: bool = False) -> bool:

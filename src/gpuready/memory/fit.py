@@ -95,13 +95,16 @@ class Replayable(NamedTuple):
 #   predicted with it: resnet101 bf16 on 40 GiB 4011 and resnet50 bf16 at 320 px on 24 GiB 1310, exact; fp32 and
 #   fp16 low (1205 against 1508, 2674 against 3448) until their histories (h39_*) showed fp32's own workspaces and
 #   no batch-norm copy in fp16: now 1414 and 2810.
-# - "lm_eager" (language-model training with eager attention): no margin always, 100% of the largest single
-#   allocation on release. Eager attention's scores are the job's largest blocks after the logits, and where the
-#   fit needs a release, whether the backward's three fp32 score tensors find room is decided by blocks the generic
-#   recompute does not order as the GPU does: qwen2.5-7b LoRA + checkpointing at 4096 on a 40 GiB card (max-batch
-#   set 24) ran 1 and failed at 2 (twice, at a softmax backward's 3.5 GiB scratch, history
+# - "lm_eager" (language-model training with eager attention and checkpointing): no margin always, 100% of the
+#   largest single allocation on release. Eager attention's scores are the job's largest blocks after the logits,
+#   and where the fit needs a release, whether the backward's three fp32 score tensors find room is decided by
+#   blocks the generic recompute does not order as the GPU does: qwen2.5-7b LoRA + checkpointing at 4096 on a 40 GiB
+#   card (max-batch set 24) ran 1 and failed at 2 (twice, at a softmax backward's 3.5 GiB scratch, history
 #   h44_lora_qwen7b_eager_ckpt_b2_cap40), where the replay of the program completes with up to 68% of its largest
-#   allocation kept free (the GPU's own requests replayed fail where the GPU did, a layer earlier).
+#   allocation kept free (the GPU's own requests replayed fail where the GPU did, a layer earlier). Only with
+#   checkpointing: without it (LoRA on the recorded layer, session 15) the four measured cases need no margin
+#   (max-batch sets 26 and 27: llama-3.2-1b at 2048 on 24 GiB 0, llama-3.2-3b at 1024 on 40 GiB 2, smollm2-1.7b at
+#   1024 on 24 GiB 2, each failing one above; gemma-2-2b at 1024 on 40 GiB ran 3, which this margin made 2).
 MARGIN_SHARE_OF_LARGEST = {
     "lm": 0.0,
     "lm_eager": 0.0,
@@ -124,9 +127,9 @@ RELEASE_MARGIN_SHARE_OF_LARGEST = {**dict.fromkeys(MARGIN_SHARE_OF_LARGEST, 0.0)
 MARGIN_NOTE = {
     "lm": "no margin (measured on the 105 emulated cards of docs/max_batch.md, 57 of them predicted before they ran: "
     "no batch that failed on the GPU completes in the replay under the card's limit)",
-    "lm_eager": "no margin, but 100% of the largest single allocation kept free where the fit needs the allocator "
-    "to release its cache (measured: qwen2.5-7b LoRA + checkpointing with eager attention at 4096 tokens on a 40 GiB "
-    "card ran batch 1 and failed at 2, where the replay alone completes; docs/max_batch.md)",
+    "lm_eager": "no margin, but 100% of the largest single allocation kept free where the fit of a checkpointed job "
+    "needs the allocator to release its cache (measured: qwen2.5-7b LoRA + checkpointing with eager attention at "
+    "4096 tokens on a 40 GiB card ran batch 1 and failed at 2, where the replay alone completes; docs/max_batch.md)",
     "vit": "margin 45% of the largest single allocation (measured: vit_b_16 bf16 inference on a 24 GiB card ran "
     "batch 4123, failed at 5154; the replay alone promises 4537, not measured; docs/max_batch.md)",
     "vit_train": "margin 100% of the largest single allocation, room for the patch convolution's cuDNN workspace "
