@@ -133,13 +133,11 @@ def block_nograd(
     width, fan = mlp_width(spec, layer)
 
     gemma_norm = spec.model_type in ("gemma3_text", *GEMMA_NORMS)  # x.float() ... * (1 + weight), .type_as(x)
-    # Gemma 2 also normalises the attention's and the MLP's outputs before each residual add (post_attention_ and
-    # post_feedforward_layernorm; pre_feedforward_layernorm is the MLP's input norm): the recorded histories
-    # h47_gen_gemma2b_eager_b16 and h37_prefill_gemma2_27b_b2 show four norms a layer (with two, the eager
-    # generation row was -5.2% reserved, now -2.3%; gemma-2-2b generation +2.0% -> +0.0%). Gemma 3's layer has the
-    # same four in its code, but its measured rows move away with them (gemma-3-1b generation +0.0% -> -6.0%,
-    # allocated already -3.0%): kept at two until a history shows what else differs there
-    post_norms = spec.norms_per_layer == 4 and spec.model_type in GEMMA_NORMS
+    # Gemma 2 and 3 also normalise the attention's and the MLP's outputs before each residual add (post_attention_
+    # and post_feedforward_layernorm; pre_feedforward_layernorm is the MLP's input norm): the recorded histories
+    # h47_gen_gemma2b_eager_b16, h37_prefill_gemma2_27b_b2 and h48_gen_gemma3_* show four norms a layer (with two,
+    # gemma-2-2b eager generation was -5.2% reserved, now -0.0%; gemma-3-4b generation allocated -1.1% -> -0.0%)
+    post_norms = spec.norms_per_layer == 4 and spec.model_type in (*GEMMA_NORMS, "gemma3_text")
 
     def norm() -> int:
         return rms_norm_nograd(prog, T, h, r, gemma=gemma_norm)
@@ -182,9 +180,15 @@ def block_nograd(
         q = k = v = 0
     else:
         qkv = 0
-        q = head_norm(project("q_proj", T * q_w * e, True), q_w)
-        k = head_norm(project("k_proj", T * k_w * e, True), k_w)
-        v = project("v_proj", T * v_w * e, True)
+        if (
+            spec.model_type == "gemma3_text"
+        ):  # q, k and v projected first, then q_norm and k_norm (h48_gen_gemma3_4b_b8)
+            q, k, v = (project(n, T * wd * e, True) for n, wd in (("q_proj", q_w), ("k_proj", k_w), ("v_proj", v_w)))
+            q, k = head_norm(q, q_w), head_norm(k, k_w)
+        else:  # Qwen3: q_norm(q_proj(x)), k_norm(k_proj(x)), v_proj(x)
+            q = head_norm(project("q_proj", T * q_w * e, True), q_w)
+            k = head_norm(project("k_proj", T * k_w * e, True), k_w)
+            v = project("v_proj", T * v_w * e, True)
     q2 = rotated(q_w)
     k2 = rotated(k_w)
     prog.free(q)
@@ -218,7 +222,16 @@ def block_nograd(
             prog.free(att)
         if autocast:  # SDPA under autocast: the fp32 rotated k and q cast to bf16 for the kernel
             math_tmps += [prog.alloc("activations", T * k_w * e), prog.alloc("activations", T * q_w * e)]
+        mask_float = 0
+        if ctx.backend == "efficient" and ctx.mask and ctx.w.batch < T:
+            # a sliding-window mask: transformers repeats K and V to every head (no enable_gqa with a mask) and the
+            # memory-efficient kernel takes the boolean mask as a [B, 1, S, S] tensor in the model's dtype
+            # (h48_gen_gemma3_4b_b8: 128 + 128 + 256 MiB at 8 x 4096 for gemma-3-4b's sliding layers)
+            if k_w < q_w:
+                math_tmps += [prog.alloc("activations", T * q_w * e), prog.alloc("activations", T * out_w * e)]
+            mask_float = prog.alloc("activations", T * ctx.w.seq * e)
         attn = prog.alloc("activations", T * out_w * e)
+        prog.free(mask_float)
         if autocast and not cache_kv:
             prog.transient("activations", T * spec.heads * 4)  # the kernel's log-sum-exp, before the casts go
         prog.free_all(math_tmps[::-1] if autocast else math_tmps)

@@ -68,7 +68,14 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
         x = embeds
         # the model's forward builds eager attention's masks, then the rotary tables (h47_gen_gemma2b_eager_b16)
         mask = eager_mask(prog, ctx, B, S)
+        if ctx.mask and ctx.backend != "eager":
+            # SDPA's boolean sliding-window mask, batch-sized under generate() (h48_gen_gemma3_1b_b8: 32 MiB, 8 x 2048)
+            causal = prog.alloc("activations", S * S)
+            mask.append(prog.alloc("activations", B * S * S if w.new_tokens else S * S))
+            prog.free(causal)
         tables = rotary_tables(prog, ctx, B, S, first_matmul=not workspace)
+        if spec.model_type == "gemma3_text":  # its local (sliding) layers' rotary embedding has a base of its own
+            tables += rotary_tables(prog, ctx, B, S, first_matmul=False)
         workspace = True
         cache: list[int] = []
         for layer in range(spec.layers):

@@ -146,11 +146,10 @@ def rotary_tables(prog: Program, ctx: Ctx, batch: int, seq: int, first_matmul: b
 
 
 def embedding_output(prog: Program, ctx: Ctx, nbytes: int) -> int:
-    """The embedding's output, the residual stream's first tensor. Gemma 2 scales it by sqrt(hidden) into a new
-    tensor and the unscaled one goes (lora_gemma2_2b, h47_gen_gemma2b_eager_b16: two embedding-sized blocks, the
-    first freed at once). Gemma 3's scaled embedding does the same in its code, but its measured generation rows
-    move away with it (gemma-3-1b +0.0% -> -6.0%, gemma-3-4b -0.4% -> +3.4%): left out until a history shows it."""
-    if ctx.spec.model_type not in GEMMA_NORMS:
+    """The embedding's output, the residual stream's first tensor. Gemma 2 and 3 scale it by sqrt(hidden) into a new
+    tensor and the unscaled one goes (lora_gemma2_2b, h47_gen_gemma2b_eager_b16, h48_gen_gemma3_*: two
+    embedding-sized blocks, the first freed at once)."""
+    if ctx.spec.model_type not in (*GEMMA_NORMS, "gemma3_text"):
         return prog.alloc("activations", nbytes)
     raw = prog.alloc("activations", nbytes)
     out = prog.alloc("activations", nbytes)
