@@ -537,3 +537,16 @@ def test_gemma3_generation_as_its_recorded_histories_run_it() -> None:
     assert r.peak_reserved_bytes == pytest.approx(14.80 * GIB, rel=0.003)
     small = est(model="gemma-3-1b", task="infer", batch=8, seq=2048, new_tokens=32)
     assert small.peak_reserved_bytes == pytest.approx(3.54 * GIB, rel=0.003)
+
+
+def test_gemma3_global_layers_take_no_mask_and_one_kv_head_is_not_copied() -> None:
+    # h48_gen_gemma3_1b_b16_s4096: every sixth layer is global (no mask, the flash kernel), the five between slide
+    # (the memory-efficient kernel with the mask in bf16); gemma-3-1b's single K/V head repeats as a stride-0 view,
+    # no copy: 7.42 GiB reserved at 16 x 4096 + 64 (8.26 with every layer masked and copied)
+    from gpuready.memory.lm.context import sliding_layer
+
+    spec = resolve_model("gemma-3-1b")
+    assert [layer for layer in range(spec.layers) if not sliding_layer(spec, layer)] == [5, 11, 17, 23]
+    assert all(sliding_layer(resolve_model("mistral-7b"), layer) for layer in range(32))
+    r = est(model="gemma-3-1b", task="infer", batch=16, seq=4096, new_tokens=64)
+    assert r.peak_reserved_bytes == pytest.approx(7.42 * GIB, rel=0.003)

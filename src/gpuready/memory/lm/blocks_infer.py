@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gpuready.memory.lm import nf4
 from gpuready.memory.lm.blocks_gpt import gpt2_block_nograd, neox_block_nograd
-from gpuready.memory.lm.context import GEMMA_NORMS, Ctx, layer_lora, mlp_width
+from gpuready.memory.lm.context import GEMMA_NORMS, Ctx, layer_lora, mlp_width, sliding_layer
 from gpuready.memory.lm.moe import (
     EXPERTS_INTERFACE_TYPES,
     batched_experts_decode,
@@ -223,11 +223,12 @@ def block_nograd(
         if autocast:  # SDPA under autocast: the fp32 rotated k and q cast to bf16 for the kernel
             math_tmps += [prog.alloc("activations", T * k_w * e), prog.alloc("activations", T * q_w * e)]
         mask_float = 0
-        if ctx.backend == "efficient" and ctx.mask and ctx.w.batch < T:
+        if ctx.backend == "efficient" and ctx.mask and ctx.w.batch < T and sliding_layer(spec, layer):
             # a sliding-window mask: transformers repeats K and V to every head (no enable_gqa with a mask) and the
             # memory-efficient kernel takes the boolean mask as a [B, 1, S, S] tensor in the model's dtype
-            # (h48_gen_gemma3_4b_b8: 128 + 128 + 256 MiB at 8 x 4096 for gemma-3-4b's sliding layers)
-            if k_w < q_w:
+            # (h48_gen_gemma3_4b_b8: 128 + 128 + 256 MiB at 8 x 4096 for gemma-3-4b's sliding layers); a global layer
+            # has no mask (is_causal) and the flash kernel (h48_gen_gemma3_1b_b16_s4096)
+            if 1 < spec.kv_heads < spec.heads:  # one K/V head repeats as a stride-0 view (gemma-3-1b: no copy)
                 math_tmps += [prog.alloc("activations", T * q_w * e), prog.alloc("activations", T * out_w * e)]
             mask_float = prog.alloc("activations", T * ctx.w.seq * e)
         attn = prog.alloc("activations", T * out_w * e)

@@ -65,11 +65,12 @@ def dense_lora(spec: ModelSpec, w: Workload) -> frozenset[str]:
     return frozenset(n for n in EXPERT_MODULE_NAMES if n in wanted)
 
 
-def layer_kind(spec: ModelSpec, layer: int) -> bool:
+def layer_kind(spec: ModelSpec, layer: int) -> tuple[bool, bool]:
     """What of a layer's index its program depends on: whether the layer is past an MoE model's dense layers
-    (layer_linears, layer_lora, mlp_width and the layer functions read the index only through this comparison;
-    memory/lm/memo.py writes out one layer's events for every layer of the same kind)."""
-    return layer >= spec.dense_layers
+    (layer_linears, layer_lora, mlp_width and the layer functions read the index only through this comparison) and
+    whether it attends through a sliding window (sliding_layer); memory/lm/memo.py writes out one layer's events for
+    every layer of the same kind."""
+    return layer >= spec.dense_layers, sliding_layer(spec, layer)
 
 
 def layer_linears(spec: ModelSpec, layer: int) -> tuple[Linear, ...]:
@@ -101,6 +102,18 @@ def experts_lora(spec: ModelSpec, w: Workload) -> ExpertLora:
     if w.method == "full" or not w.training:
         return NO_EXPERT_LORA
     return expert_lora(spec, set(w.lora_targets or default_lora_targets(spec)), w.lora_r)
+
+
+def sliding_layer(spec: ModelSpec, layer: int) -> bool:
+    """Whether `layer` attends through the sliding window: every layer of a model with a window on all of them
+    (Mistral), else all but every p-th (Gemma 2 and gpt-oss alternate, p = 2; Gemma 3 has five sliding layers to a
+    global one, p = 6: transformers' layer_types)."""
+    if not spec.sliding_window or not spec.sliding_layers:
+        return False
+    if spec.sliding_layers >= spec.layers:
+        return True
+    period = spec.layers // (spec.layers - spec.sliding_layers)
+    return (layer + 1) % period != 0
 
 
 def attention_backend(spec: ModelSpec, w: Workload, dt: Dtypes, seq: int) -> tuple[str, bool]:
