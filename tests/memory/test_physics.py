@@ -550,3 +550,13 @@ def test_gemma3_global_layers_take_no_mask_and_one_kv_head_is_not_copied() -> No
     assert all(sliding_layer(resolve_model("mistral-7b"), layer) for layer in range(32))
     r = est(model="gemma-3-1b", task="infer", batch=16, seq=4096, new_tokens=64)
     assert r.peak_reserved_bytes == pytest.approx(7.42 * GIB, rel=0.003)
+
+
+def test_qwen2_moe_gates_its_shared_expert_after_the_routed_ones() -> None:
+    # h46_lora_qwen15moe_b4: the shared expert first, the router (fp32 softmax and top-k indices kept), the routed
+    # experts, then sigmoid(shared_expert_gate(x)) * shared output: the gate's adapter keeps its fp32 input (32 MiB a
+    # layer at 4 x 1024) and the product keeps the shared output (16 MiB). 52.33 GiB allocated, 54.57 reserved
+    # (51.20 / 53.49 without them)
+    r = est(model="qwen1.5-moe-a2.7b", method="lora", batch=4, seq=1024)
+    assert r.peak_allocated_bytes == pytest.approx(52.33 * GIB, rel=0.003)
+    assert r.peak_reserved_bytes == pytest.approx(54.57 * GIB, rel=0.003)
