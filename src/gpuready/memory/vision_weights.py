@@ -21,8 +21,9 @@ def load_weights(prog: Program, spec: ModelSpec, w: Workload) -> list[Trainable]
     and interpolate. ResNets as one block."""
     dt = dtypes_for(w)
     if spec.model_type == "resnet":
-        prog.alloc("weights", spec.params * dt.param)
-        return [Trainable(spec.params, dt.param)]
+        built, applied = module_tensors(spec, w.image_size)
+        build_and_convert(prog, built, applied, w.precision in ("bf16", "fp16"))
+        return [Trainable(numel, dt.param) for numel in resnet_parameters(spec)]
     if spec.vision.get("transformers"):  # built in the job's weight dtype
         built, buffers = hf_vision_tensors(spec)
         for numel in built:
@@ -115,6 +116,15 @@ def module_tensors(spec: ModelSpec, image_size: int) -> tuple[list[int], list[in
     built = patch_embed + [h, tokens * h] + layer_built * layers + [h, h, classes * h, classes]
     applied = patch_embed + layer_applied * layers + [h, h, tokens * h, classes * h, classes, h]
     return built, applied
+
+
+def resnet_parameters(spec: ModelSpec) -> list[int]:
+    """Element counts of a ResNet's trainable parameters in constructor order (module_tensors less batch norm's
+    running mean and variance, which are buffers): each convolution's weight, its batch norm's weight and bias; the
+    classifier's weight and bias."""
+    built, _ = module_tensors(spec, 224)
+    body, fc = built[:-2], built[-2:]
+    return [n for i, n in enumerate(body) if i % 5 < 3] + fc
 
 
 def load_for_inference(prog: Program, spec: ModelSpec, w: Workload) -> None:
