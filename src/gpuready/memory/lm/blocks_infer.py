@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gpuready.memory.lm import nf4
 from gpuready.memory.lm.blocks_gpt import gpt2_block_nograd, neox_block_nograd
-from gpuready.memory.lm.context import GEMMA_NORMS, Ctx, layer_lora, mlp_width, sliding_layer
+from gpuready.memory.lm.context import GEMMA_FAMILY, Ctx, layer_lora, mlp_width, sliding_layer
 from gpuready.memory.lm.moe import (
     EXPERTS_INTERFACE_TYPES,
     batched_experts_decode,
@@ -132,12 +132,12 @@ def block_nograd(
     out_w = spec.heads * (spec.v_head_dim or spec.head_dim)
     width, fan = mlp_width(spec, layer)
 
-    gemma_norm = spec.model_type in ("gemma3_text", *GEMMA_NORMS)  # x.float() ... * (1 + weight), .type_as(x)
+    gemma_norm = spec.model_type in GEMMA_FAMILY  # x.float() ... * (1 + weight), .type_as(x)
     # Gemma 2 and 3 also normalise the attention's and the MLP's outputs before each residual add (post_attention_
     # and post_feedforward_layernorm; pre_feedforward_layernorm is the MLP's input norm): the recorded histories
     # h47_gen_gemma2b_eager_b16, h37_prefill_gemma2_27b_b2 and h48_gen_gemma3_* show four norms a layer (with two,
     # gemma-2-2b eager generation was -5.2% reserved, now -0.0%; gemma-3-4b generation allocated -1.1% -> -0.0%)
-    post_norms = spec.norms_per_layer == 4 and spec.model_type in (*GEMMA_NORMS, "gemma3_text")
+    post_norms = spec.norms_per_layer == 4 and spec.model_type in GEMMA_FAMILY
 
     def norm() -> int:
         return rms_norm_nograd(prog, T, h, r, gemma=gemma_norm)

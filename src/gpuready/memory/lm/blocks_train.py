@@ -13,7 +13,14 @@ from gpuready.memory.lm.blocks_recorded import (
     plain_block_forward,
     recorded_layer_order,
 )
-from gpuready.memory.lm.context import GEMMA_NORMS, Ctx, layer_linears, layer_lora, mlp_width, softmax_upcast_copy
+from gpuready.memory.lm.context import (
+    GEMMA_FAMILY,
+    Ctx,
+    layer_linears,
+    layer_lora,
+    mlp_width,
+    softmax_upcast_copy,
+)
 from gpuready.memory.lm.moe import EXPERTS_INTERFACE_TYPES, grouped_experts_forward, llama4_experts_forward
 from gpuready.memory.lm.ops import rms_norm_frozen, rms_norm_start, rope
 from gpuready.memory.program import Program
@@ -47,7 +54,7 @@ def block_forward(
     # Gemma's RMSNorm multiplies the fp32 y by (1 + weight) and keeps that y for the weight's gradient (Gemma 3's
     # too: the recorded history h27_gemma3_1b_bf16_b4, its four norms and its q/k norms; kept in 16 bits before,
     # gemma-3-1b full bf16 4 x 1024 came out -2.5% allocated)
-    fp32_y = spec.model_type in (*GEMMA_NORMS, "gemma3_text")
+    fp32_y = spec.model_type in GEMMA_FAMILY
 
     def norm(feeds_linear: bool = True) -> int:
         """RMSNorm as LlamaRMSNorm runs it: x.to(fp32) (kept by pow; in fp32 runs the input itself), pow,

@@ -26,6 +26,9 @@ from gpuready.workload import Workload
 # the same code, but with it the program put Gemma-3 +3.7% (allocated) over the H200 and the traced mode, without
 # it -0.3% (docs/accuracy.md): another part of the generic layer over-counts Gemma-3 by about as much (not found)
 GEMMA_NORMS = ("gemma2",)
+# Gemma 2 and 3 (transformers' Gemma2/Gemma3 model code): RMSNorm computed in fp32 with `* (1 + weight)`, four norms a
+# decoder layer, the embedding scaled by sqrt(hidden) into a new tensor, a causal and a sliding-window mask
+GEMMA_FAMILY = ("gemma2", "gemma3_text")
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,16 @@ from gpuready.memory.lm.context import Ctx, softmax_upcast_copy
 def eager_attention_train(
     layer_: Layer, ctx: Ctx, q_rot: int, k_rot: int, v: int, o_proj: Callable[[], int], o_keeps_input: bool
 ) -> int:
-    """transformers' eager attention under autograd in a 16-bit layer, as the recorded history
-    h45_eager_ckpt_qwen15b_b2 runs it: K and V repeated to every head (kept by the matmuls), matmul's contiguous copy
-    of the rotated q (kept), q @ kᵀ, `* scaling`, `+ mask`, softmax's fp32 copy and fp32 output (kept), `.to(dtype)`
-    (the probabilities, kept), their product with V and its transpose(1, 2).contiguous() (kept: o_proj's input);
-    o_proj; then the rotated q and k and the projected v go (without grouped-query heads the matmuls keep k and v
-    themselves). Backward, in the reverse of the nodes registered here: o_proj's input gradient, the transpose's, V's
-    and the probabilities', their cast to fp32, softmax's with its fp32 scratch, the casts back, `* scaling`'s, q's
-    and k's. Returns o_proj's output handle."""
+    """transformers' eager attention under autograd in a 16-bit layer, as the recorded histories
+    h45_eager_ckpt_qwen15b_b2 and h47_lora_llama1b_eager_b1 run it: K and V repeated to every head (kept by the
+    matmuls); past one sequence matmul's contiguous copies of the rotated q, and without grouped-query heads of k and
+    later v (kept; strided_copies); q @ kᵀ, `* scaling`, Gemma 2's soft-capping (`/ cap`, tanh kept, `* cap`),
+    `+ mask`, softmax's fp32 copy and fp32 output (kept), `.to(dtype)` (the probabilities, kept), their product with
+    V and its transpose(1, 2).contiguous(), which o_proj keeps when its weight trains or a 16-bit adapter reads it
+    (`o_keeps_input`; else it goes after o_proj); then the rotated q (when copied) and k and the projected v go.
+    Backward, in the reverse of the nodes registered here: o_proj's input gradient, the transpose's, V's and the
+    probabilities', their cast to fp32, softmax's with its fp32 scratch, the casts back, the soft-capping's,
+    `* scaling`'s, q's and k's. Returns o_proj's output handle."""
     prog, spec, T, e = layer_.prog, ctx.spec, ctx.tokens, ctx.dt.act
     q_w, kv_w = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
     scores = T * spec.heads * ctx.w.seq

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from gpuready.memory.lm.blocks_infer import block_nograd
-from gpuready.memory.lm.context import make_ctx
+from gpuready.memory.lm.context import GEMMA_FAMILY, make_ctx
 from gpuready.memory.lm.loss import (
     Sampler,
     softcap_nograd,
@@ -87,7 +87,7 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
         if spec.model_type == "gpt2":
             normed = prog.alloc("activations", B * S * h * ctx.dt.resid)
         else:
-            normed = rms_norm_nograd(prog, B * S, h, ctx.dt.resid, gemma=spec.model_type in ("gemma2", "gemma3_text"))
+            normed = rms_norm_nograd(prog, B * S, h, ctx.dt.resid, gemma=spec.model_type in GEMMA_FAMILY)
         prog.free(x)
         # the base model returns: its input embeddings, mask and rotary tables go before lm_head runs
         prog.free(embeds)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuready.memory.lm.autograd import Layer
-from gpuready.memory.lm.context import GEMMA_NORMS, Ctx, softmax_upcast_copy
+from gpuready.memory.lm.context import GEMMA_FAMILY, Ctx, softmax_upcast_copy
 from gpuready.memory.program import Program
 from gpuready.memory.template import Batch, PerBatch
 from gpuready.models.spec import ModelSpec
@@ -149,7 +149,7 @@ def embedding_output(prog: Program, ctx: Ctx, nbytes: int) -> int:
     """The embedding's output, the residual stream's first tensor. Gemma 2 and 3 scale it by sqrt(hidden) into a new
     tensor and the unscaled one goes (lora_gemma2_2b, h47_gen_gemma2b_eager_b16, h48_gen_gemma3_*: two
     embedding-sized blocks, the first freed at once)."""
-    if ctx.spec.model_type not in (*GEMMA_NORMS, "gemma3_text"):
+    if ctx.spec.model_type not in GEMMA_FAMILY:
         return prog.alloc("activations", nbytes)
     raw = prog.alloc("activations", nbytes)
     out = prog.alloc("activations", nbytes)
@@ -168,7 +168,7 @@ def eager_mask(prog: Program, ctx: Ctx, batch: int, seq: int) -> list[int]:
         return []
     padded = ctx.w.new_tokens > 0
     masks = []
-    for _ in range(2 if ctx.spec.model_type in ("gemma2", "gemma3_text") else 1):
+    for _ in range(2 if ctx.spec.model_type in GEMMA_FAMILY else 1):
         causal = prog.alloc("activations", seq * seq)
         expanded = prog.alloc("activations", batch * seq * seq) if padded else 0
         if padded:
