@@ -159,3 +159,15 @@ def test_a_size_known_per_batch_holds_from_the_first_batch_it_exists() -> None:
     for b, got in enumerate(swept, start=1):
         clear_caches()
         assert estimate(w.model_copy(update={"batch": b})) == got
+
+
+def test_a_program_that_differs_below_a_batch_takes_a_template_from_there() -> None:
+    # eager attention copies its operands only past one sequence (Program.from_batch): the template holds from batch
+    # 2, where it writes out what the builders make; batch 1 is built (and has no copies)
+    w = make_workload(model="llama-3.2-1b", method="lora", seq=512, attn="eager")
+    spec = resolve_model(w.model)
+    template = build_template(lambda x: _build(spec, x), w)
+    assert template is not None and template.min_batch == 2
+    for batch in (2, 3, 16):
+        assert template.instantiate(batch) == _build(spec, w.model_copy(update={"batch": batch}))
+    assert Program().from_batch(1, 2) is False and Program().from_batch(2, 2) is True

@@ -13,6 +13,7 @@ from array import array
 from collections.abc import MutableSequence
 from dataclasses import dataclass, field, fields
 from itertools import accumulate
+from typing import Any
 
 from gpuready.memory import native
 
@@ -114,6 +115,12 @@ class Program:
         """An optimizer step starts here (training programs): the replay is told that the last step may repeat the
         one before it (repeat_span)."""
         self.step_starts.append(len(self.events))
+
+    def from_batch(self, batch: Any, first: int) -> bool:
+        """Whether the job's batch is `first` or more: a program that differs below a batch (eager attention's
+        operand copies, which one sequence does not need). While a batch template records the program (its batch a
+        symbol) the answer is yes and the template holds from `first` up (memory/template.py)."""
+        return bool(batch >= first)
 
     def repeat_span(self) -> tuple[int, int] | None:
         """(start, at) of the last two steps when they have as many events and the second ends the program: the

@@ -226,6 +226,12 @@ class _Recorder:
     def mark_step(self) -> None:
         self.steps.append(len(self.ops))  # (an op is an event at every batch)
 
+    def from_batch(self, batch: Any, first: int) -> bool:
+        if isinstance(batch, Batch):  # the program from `first` up; the builders make the smaller batches
+            self.min_batch = max(self.min_batch, first)
+            return True
+        return bool(batch >= first)
+
     def size_of(self, handle: int) -> int:
         if self.a[handle] or handle in self.per_batch:
             raise NotAffine("a batch-dependent size read back (rounding is not affine)")
@@ -369,6 +375,7 @@ def _recording() -> Iterator[list[_Recorder]]:
         prog.free = rec.free  # type: ignore[method-assign]
         prog.empty_cache = rec.empty_cache  # type: ignore[method-assign]
         prog.mark_step = rec.mark_step  # type: ignore[method-assign]
+        prog.from_batch = rec.from_batch  # type: ignore[method-assign]
         prog.size_of = rec.size_of  # type: ignore[method-assign]
         prog.set_phase = rec.set_phase  # type: ignore[method-assign]
         made.append(rec)

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from gpuready.memory.lm.autograd import Layer
 from gpuready.memory.lm.context import Ctx, softmax_upcast_copy
+from gpuready.memory.program import Program
 
 
 def eager_attention_train(
@@ -28,7 +29,7 @@ def eager_attention_train(
     gqa = kv_w < q_w
     k_rep = alloc(T * q_w * e) if gqa else k_rot
     v_rep = alloc(T * q_w * e) if gqa else v
-    copies = strided_copies(ctx)
+    copies = strided_copies(prog, ctx)
     q_copy = alloc(T * q_w * e) if copies else 0
     k_copy = alloc(T * q_w * e) if copies and not gqa else 0
     mm = alloc(scores * e)
@@ -82,10 +83,10 @@ def eager_attention_train(
     return o_out
 
 
-def strided_copies(ctx: Ctx) -> bool:
+def strided_copies(prog: Program, ctx: Ctx) -> bool:
     """Whether eager attention's matmuls copy their operands: the projections' outputs keep their token-major strides
     through view/transpose (and RoPE, whose elementwise ops keep an input's layout), so [B, H, S, D] cannot be viewed
     as [B * H, S, D] for bmm when B > 1 and matmul's reshape copies it (ATen's _matmul_impl); with one sequence it is
     a view (the recorded history h47_lora_llama1b_eager_b1 has no copy; h45_eager_ckpt_qwen15b_b2, at batch 2, copies
     q). K and V repeated to grouped-query heads (repeat_kv) are contiguous already."""
-    return ctx.w.batch > 1 and ctx.tokens > ctx.w.batch
+    return bool(ctx.tokens > ctx.w.batch) and prog.from_batch(ctx.w.batch, 2)

@@ -193,7 +193,7 @@ def eager_nograd(prog: Program, ctx: Ctx, q_w: int, k_w: int, v_w: int, out_w: i
     # bmm cannot take past one sequence: eager.strided_copies), freed once the scores are made (inf_llama1b_eager,
     # h45_eager_ckpt_qwen15b_b2); without grouped-query heads k's too (and v's before the product); a decode step's
     # single query needs none, and its K and V are the cache's contiguous concatenation
-    copies = kv_len > 1 and ctx.w.batch > 1
+    copies = kv_len > 1 and prog.from_batch(ctx.w.batch, 2)
     qc = prog.alloc("activations", T * q_w * e) if copies else 0
     kc = prog.alloc("activations", T * q_w * e) if copies and not kq else 0
     mm = prog.alloc("activations", scores * e)
