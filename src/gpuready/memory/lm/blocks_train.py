@@ -159,20 +159,21 @@ def block_forward(
         rope(prog, T, k_width, e, output=False)
     out_width = a * (spec.v_head_dim or d)
     backend = ctx.backend
-    # with a mask transformers repeats K and V to every head; one K/V head repeats as a stride-0 view the
-    # memory-efficient kernel reads without a copy (h48_gen_gemma3_1b_b16_s4096)
+    # with a mask transformers repeats K and V to every head (one K/V head included: without autograd that is a
+    # stride-0 view, h48_gen_gemma3_1b_b16_s4096; in training the history h27_gemma3_1b_bf16_b4 keeps the mask's
+    # copy instead, as large: counted as K/V copies here)
     expanded = backend in ("eager", "efficient") and ctx.mask and k_width < q_width
-    if backend == "efficient" and spec.kv_heads == 1:
-        expanded = False
     kq = q_width if (expanded or (backend == "eager" and k_width < q_width)) else k_width
     vq = out_width if (expanded or (backend == "eager" and v_width < out_width)) else v_width
     drop(q_out)
     drop(k_out)
     if backend in ("flash", "efficient"):
-        if backend == "efficient" and ctx.mask and sliding_layer(spec, layer):
+        if backend == "efficient" and ctx.mask and sliding_layer(spec, layer) and spec.kv_heads > 1:
             # SDPA converts the boolean sliding-window mask to the query's dtype ([B, 1, S, S]) for the
             # memory-efficient kernel, which keeps it for its backward: one per layer (mistral-7b LoRA 1 x 4096
-            # allocated -1.7% without it, and with checkpointing two at the recomputed layer's peak: -1.2%, -0.6%)
+            # allocated -1.7% without it, and with checkpointing two at the recomputed layer's peak: -1.2%, -0.6%).
+            # With one K/V head (gemma-3-1b) the history h27_gemma3_1b_bf16_b4 keeps as much as the K/V copies the
+            # layer counts instead (no copies there, but the mask and the output): not counted twice
             save(T * ctx.w.seq * e)
         save(T * q_width * e, T * q_width * e)  # q after RoPE
         save(T * kq * e, T * kq * e)
