@@ -388,28 +388,46 @@ def _mla_block_nograd(
 
 def _moe_nograd(prog: Program, ctx: Ctx, decode: bool) -> int:
     """An MoE layer's MLP without autograd: the routed experts (memory/moe.py; generate()'s decode steps run
-    batched_mm), then the shared expert on the same input, added. Returns the MLP output's handle."""
+    batched_mm), then the shared expert on the same input, added. Qwen2-MoE runs its shared expert first, then the
+    routed experts, then `sigmoid(shared_expert_gate(x)) * shared output` and the sum (its training history
+    h46_lora_qwen15moe_b4). Returns the MLP output's handle."""
     spec, T, e = ctx.spec, ctx.tokens, ctx.dt.act
     h = spec.hidden
     ends: list[int] = []
-    if spec.model_type == "llama4_text":
-        routed, ends = llama4_experts_nograd(prog, ctx, T)
-    elif decode:
-        routed = batched_experts_decode(prog, ctx, T)
-    else:
-        routed = grouped_experts_nograd(prog, ctx, T)
+
+    def routed_experts() -> int:
+        nonlocal ends
+        if spec.model_type == "llama4_text":
+            out, ends = llama4_experts_nograd(prog, ctx, T)
+            return out
+        return batched_experts_decode(prog, ctx, T) if decode else grouped_experts_nograd(prog, ctx, T)
+
+    def shared_expert() -> int:
+        s = spec.shared_intermediate
+        gate = prog.alloc("activations", T * s * e)
+        act = prog.alloc("activations", T * s * e)
+        prog.free(gate)
+        up = prog.alloc("activations", T * s * e)
+        prod = prog.alloc("activations", T * s * e)
+        prog.free(act)
+        prog.free(up)
+        out = prog.alloc("activations", T * h * e)
+        prog.free(prod)
+        return out
+
+    if spec.model_type == "qwen2_moe" and spec.shared_intermediate:
+        shared = shared_expert()
+        routed = routed_experts()
+        gated = prog.alloc("activations", T * h * e)  # sigmoid(shared_expert_gate(x)) * shared output
+        prog.free(shared)
+        total = prog.alloc("activations", T * h * e)
+        prog.free(routed)
+        prog.free(gated)
+        return total
+    routed = routed_experts()
     if not spec.shared_intermediate:
         return routed
-    s = spec.shared_intermediate
-    gate = prog.alloc("activations", T * s * e)
-    act = prog.alloc("activations", T * s * e)
-    prog.free(gate)
-    up = prog.alloc("activations", T * s * e)
-    prod = prog.alloc("activations", T * s * e)
-    prog.free(act)
-    prog.free(up)
-    out = prog.alloc("activations", T * h * e)
-    prog.free(prod)
+    out = shared_expert()
     if spec.model_type == "llama4_text":
         # out.add_(routed_out.reshape(E, T, h).sum(dim=0)): the sum's fp32 accumulation and its bf16 result
         prog.transient("activations", T * h * e, T * h * 4)
