@@ -572,3 +572,26 @@ def test_the_memory_efficient_kernel_keeps_its_float_copy_of_the_sliding_window_
     assert r.peak_allocated_bytes == pytest.approx(54.06 * GIB, rel=0.005)
     below = est(model="mistral-7b", method="lora", batch=1, seq=4095)  # under the window: no mask, flash
     assert r.peak_allocated_bytes - below.peak_allocated_bytes > 32 * 4096 * 4096 * 2
+
+
+def test_a_matmul_backward_makes_both_gradients_before_it_frees_what_it_kept() -> None:
+    # h46_eager_full_qwen15b_b2: probs @ V's backward makes dV and dP, then frees the incoming gradient, V and the
+    # probabilities; dV is held (with dK) until repeat_kv's backward sums it to the K/V heads, after K goes
+    from gpuready.memory.lm.autograd import Saved, block_backward
+    from gpuready.memory.program import Program
+
+    kib = 1024
+    prog = Program()
+    k, probs, v = (prog.alloc("activations", n * kib) for n in (12, 192, 12))
+    prog.alloc("activations", 7 * kib)  # unrelated, kept
+    saved = [
+        Saved(k, 0, release_side=(2 * kib,)),
+        Saved(probs, 0),
+        Saved(v, 192 * kib, side=(12 * kib,)),
+        Saved(0, 5 * kib),  # the node whose gradient reaches the matmul
+    ]
+    start = len(prog.events)
+    block_backward(prog, saved, [], accumulate=False)
+    made = [e // kib for e in prog.events[start:] if e > 0]
+    assert made == [5, 12, 192, 2]  # the node's gradient; dV before dP; dV summed when K's node releases it
+    assert prog.allocated == 7 * kib  # everything else freed

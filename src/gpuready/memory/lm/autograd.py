@@ -22,6 +22,11 @@ class Saved:
     # scratch tensors made after the node's gradient (and freed before its saved tensor goes): eager attention's
     # softmax backward (blocks_train)
     transient_after: tuple[int, ...] = ()
+    # a matmul's gradient of its other operand, made before this node's own and held until a later node releases it
+    # (eager attention: dV with dP, dK with dQ, which live until repeat_kv's backward sums them)
+    side: tuple[int, ...] = ()
+    # released here, after this node: each held side gradient summed to these sizes (repeat_kv's backward), then freed
+    release_side: tuple[int, ...] = ()
 
 
 class Layer:
@@ -45,9 +50,11 @@ class Layer:
         pgrads: tuple[int, ...] = (),
         transient: tuple[int, ...] = (),
         transient_after: tuple[int, ...] = (),
+        side: tuple[int, ...] = (),
+        release_side: tuple[int, ...] = (),
     ) -> None:
         if self.keep:
-            self.saved.append(Saved(handle, grad, pgrads, transient, transient_after))
+            self.saved.append(Saved(handle, grad, pgrads, transient, transient_after, side, release_side))
         else:
             self.temps.append(handle)
 
@@ -98,6 +105,7 @@ def block_backward(prog: Program, saved: list[Saved], grads: list[int], accumula
     kept and the gradient it consumed; weight gradients appear at their linear (with gradient accumulation
     after the first micro-batch the new gradient is added into .grad and freed)."""
     current: int | None = None
+    held: list[int] = []
     for node in reversed(saved):
         for g in node.param_grads:
             handle = prog.alloc("gradients", g)
@@ -107,6 +115,7 @@ def block_backward(prog: Program, saved: list[Saved], grads: list[int], accumula
                 grads.append(handle)
         if node.transient:
             prog.transient("activations", *node.transient)
+        held += [prog.alloc("activations", nbytes) for nbytes in node.side]
         new = prog.alloc("activations", node.grad_bytes) if node.grad_bytes else None
         if node.transient_after:
             prog.transient("activations", *node.transient_after)
@@ -116,5 +125,11 @@ def block_backward(prog: Program, saved: list[Saved], grads: list[int], accumula
             if current is not None:
                 prog.free(current)
             current = new
+        if node.release_side:
+            for side, nbytes in zip(held, node.release_side, strict=False):
+                prog.free(prog.alloc("activations", nbytes))
+                prog.free(side)
+            held = []
     if current is not None:
         prog.free(current)
+    prog.free_all(held)

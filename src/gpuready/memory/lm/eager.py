@@ -19,9 +19,9 @@ def eager_attention_train(
     `+ mask`, softmax's fp32 copy and fp32 output (kept), `.to(dtype)` (the probabilities, kept), their product with
     V and its transpose(1, 2).contiguous(), which o_proj keeps when its weight trains or a 16-bit adapter reads it
     (`o_keeps_input`; else it goes after o_proj); then the rotated q (when copied) and k and the projected v go.
-    Backward, in the reverse of the nodes registered here: o_proj's input gradient, the transpose's, V's and the
-    probabilities', their cast to fp32, softmax's with its fp32 scratch, the casts back, the soft-capping's,
-    `* scaling`'s, q's and k's. Returns o_proj's output handle."""
+    Backward, in the reverse of the nodes registered here: o_proj's input gradient, the transpose's, V's (held) and
+    the probabilities', their cast to fp32, softmax's with its fp32 scratch, the casts back, the soft-capping's,
+    `* scaling`'s, k's (held) and q's, then repeat_kv's sums of the held ones. Returns o_proj's output handle."""
     prog, spec, T, e = layer_.prog, ctx.spec, ctx.tokens, ctx.dt.act
     q_w, kv_w = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
     scores = T * spec.heads * ctx.w.seq
@@ -54,8 +54,10 @@ def eager_attention_train(
     av = alloc(T * q_w * e)
     out = alloc(T * q_w * e)
     prog.free(av)
-    keep(k_copy or k_rep, T * q_w * e)
-    keep(q_copy or q_rot, T * q_w * e)
+    # matmul's backward makes both operands' gradients before it frees what it kept (h46_eager_full_qwen15b_b2): q @
+    # kᵀ's dq and dk, dk held until repeat_kv's backward sums it, with dV, to the K/V heads, after K's copy goes
+    keep(k_copy or k_rep, 0, release_side=(T * kv_w * e, T * kv_w * e))
+    keep(q_copy or q_rot, T * q_w * e, side=(T * q_w * e,))
     layer_.grad_node(scores * e)  # `* scaling`
     if tanh:
         layer_.grad_node(scores * e)  # `/ cap`
@@ -67,8 +69,8 @@ def eager_attention_train(
     else:  # the fused kernel's backward returns the 16-bit gradient (as blocks_train's generic layer)
         keep(sm, scores * e)
     layer_.grad_node(scores * 4)  # .to(dtype)'s backward: the probabilities' gradient cast to fp32
-    keep(probs, scores * e)
-    keep(v_copy or v_rep, T * q_w * e)
+    keep(probs, 0)  # probs @ V's backward: dV (held) and dP, then V's copy, the incoming gradient and the probabilities
+    keep(v_copy or v_rep, scores * e, side=(T * q_w * e,))
     layer_.grad_node(T * q_w * e)  # transpose(1, 2).contiguous()'s backward
     if o_keeps_input:  # o_proj's weight gradient (or a 16-bit adapter's lora_A) keeps its input
         keep(out, T * q_w * e)

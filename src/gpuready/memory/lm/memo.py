@@ -203,7 +203,7 @@ class _RecSpan:
 def _renumbered(saved: list[Saved], handles: list[int]) -> list[Saved]:
     """A recorded layer's saved nodes on the handles written out for this call."""
     return [
-        Saved(h, s.grad_bytes, s.param_grads, s.transient, s.transient_after)
+        Saved(h, s.grad_bytes, s.param_grads, s.transient, s.transient_after, s.side, s.release_side)
         for s, h in zip(saved, handles, strict=True)
     ]
 
@@ -324,7 +324,15 @@ def layer_backward(memo: SpanMemo, saved: list[Saved], grads: list[int], accumul
     if memo.rec is None:  # (the plain program: every size is an int)
         sizes = memo.prog.sizes
         nodes = tuple(
-            (sizes[s.handle] if s.handle else 0, s.grad_bytes, s.param_grads, s.transient, s.transient_after)
+            (
+                sizes[s.handle] if s.handle else 0,
+                s.grad_bytes,
+                s.param_grads,
+                s.transient,
+                s.transient_after,
+                s.side,
+                s.release_side,
+            )
             for s in saved
         )
     else:
@@ -336,6 +344,8 @@ def layer_backward(memo: SpanMemo, saved: list[Saved], grads: list[int], accumul
                 value(s.param_grads),
                 value(s.transient),
                 value(s.transient_after),
+                value(s.side),
+                value(s.release_side),
             )
             for s in saved
         )
