@@ -36,10 +36,10 @@ def recorded_layer_order(ctx: Ctx, layer: int) -> bool:
             or (ctx.backend == "math" and ctx.dt.act == 4)
             # eager attention as recorded in a checkpointed layer's recompute (h45_eager_ckpt_qwen15b_b2: -5.2% ->
             # -0.1%) and under LoRA (h47_lora_llama1b_eager_b1: forward identical to the GPU's; the four LoRA eager
-            # rows +2.0 ... -0.0% -> +0.1 ... -0.0%). Full fine-tuning without checkpointing keeps the generic layer:
-            # its backward's matmuls make both operands' gradients before freeing what they kept, which the generic
-            # walk does not (h46_eager_full_qwen15b_b2: +5.3% on this layer, -0.0% on the generic). Not Gemma 2,
-            # whose eager attention also soft-caps its scores (not recorded).
+            # rows +2.0 ... -0.0% -> +0.1 ... -0.0%), Gemma 2's soft-capping included (h47_lora_gemma2b_eager_b2). Full
+            # fine-tuning without checkpointing keeps the generic layer, which its history matches to the segment
+            # (h46_eager_full_qwen15b_b2: -0.0%; +5.3% on this layer, one logits segment more in the second step,
+            # with the matmuls' two-gradient backward too: not found).
             or (ctx.backend == "eager" and ctx.dt.act == 2 and (ctx.w.grad_ckpt or not ctx.full))
         )
         and not expanded
