@@ -595,3 +595,11 @@ def test_a_matmul_backward_makes_both_gradients_before_it_frees_what_it_kept() -
     made = [e // kib for e in prog.events[start:] if e > 0]
     assert made == [5, 12, 192, 2]  # the node's gradient; dV before dP; dV summed when K's node releases it
     assert prog.allocated == 7 * kib  # everything else freed
+
+
+def test_mla_value_is_a_view_that_keeps_kv_b_proj_s_whole_output() -> None:
+    # DeepseekV3Attention splits V off kv_b_proj's output with K's no-RoPE part; the kernel keeps that view, and so
+    # all of the output (lora_deepseek3_4l: 256 MiB a layer at 2 x 2048, not 128): 39.00 GiB allocated measured
+    config = Path(__file__).resolve().parents[2] / "benchmarks" / "configs" / "deepseek_v3_4l.json"
+    r = estimate(workload_from_args(f"{config} --task train --method lora --batch 2 --seq 2048 --precision bf16"))
+    assert r.peak_allocated_bytes == pytest.approx(39.00 * GIB, rel=0.005)

@@ -180,7 +180,12 @@ def block_forward(
         # v; a fused qkv_proj (phi-3) hands attention a view of its output, which keeps all of it alive (the
         # recorded H200 history of phi-3-mini LoRA: 36 MiB per layer at 2048 tokens, not 12)
         fused_v = ("qkv_proj" in lins or "query_key_value" in lins) and vq == v_width
-        save(T * (q_width + k_width + v_width if fused_v else vq) * e, T * vq * e)
+        # MLA: V is split off kv_b_proj's output with K's no-RoPE part, a view that keeps all of it (the recorded
+        # history lora_deepseek3_4l: 256 MiB a layer at 2 x 2048, not 128)
+        kept_v = (
+            q_width + k_width + v_width if fused_v else a * (spec.qk_nope_dim + spec.v_head_dim) if spec.mla else vq
+        )
+        save(T * kept_v * e, T * vq * e)
         save(T * out_width * e)  # output, also o_proj's input
         save(T * a * 4)  # log-sum-exp, fp32
     else:
