@@ -507,7 +507,6 @@ def test_gemma2_generation_has_four_norms_two_masks_and_a_scaled_embedding() -> 
     # each layer's outputs, the causal and the sliding-window eager masks (each made through a batch-sized boolean
     # under generate()), the embedding scaled into a new tensor: 8.25 GiB allocated, 9.70 reserved (8.22 / 9.19 with
     # two norms and one mask)
-    from gpuready.memory.lm.infer import infer_program
 
     w = make_workload(model="gemma-2-2b", task="infer", batch=16, seq=1024, new_tokens=64, attn="eager")
     r = estimate(w)
@@ -525,8 +524,17 @@ def test_gemma2_generation_has_four_norms_two_masks_and_a_scaled_embedding() -> 
         return handles
 
     assert len(masks("gemma-2-2b")) == 2 and len(masks("llama-3.2-1b")) == 1
-    events = list(infer_program(resolve_model(w.model), w).replay_events())
-    assert 16 * 1024 * 1024 in events  # generate()'s attention mask and-ed in: a batch-sized boolean
+
+    # generate()'s attention mask and-ed in: each mask is made through a batch-sized boolean (a prefill without
+    # generate() has only the [1, 1, S, S] causal one)
+    def made(new_tokens: int) -> list[int]:
+        prog = Program()
+        mw = w.model_copy(update={"new_tokens": new_tokens})
+        eager_mask(prog, make_ctx(resolve_model(mw.model), mw), 16, 1024)
+        return [e for e in prog.replay_events() if e > 0]
+
+    assert made(64) == [1024 * 1024, 16 * 1024 * 1024, 16 * 1024 * 1024 * 2] * 2
+    assert made(0) == [1024 * 1024, 16 * 1024 * 1024 * 2] * 2
 
 
 def test_gemma3_generation_as_its_recorded_histories_run_it() -> None:

@@ -126,7 +126,7 @@ def block_backward(prog: Program, saved: list[Saved], grads: list[int], accumula
                 prog.free(current)
             current = new
         if node.release_side:
-            for side, nbytes in zip(held, node.release_side, strict=False):
+            for side, nbytes in zip(held, node.release_side, strict=True):
                 prog.free(prog.alloc("activations", nbytes))
                 prog.free(side)
             held = []

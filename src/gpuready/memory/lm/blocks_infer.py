@@ -180,9 +180,8 @@ def block_nograd(
         q = k = v = 0
     else:
         qkv = 0
-        if (
-            spec.model_type == "gemma3_text"
-        ):  # q, k and v projected first, then q_norm and k_norm (h48_gen_gemma3_4b_b8)
+        # Gemma 3 projects q, k and v first, then runs q_norm and k_norm (h48_gen_gemma3_4b_b8)
+        if spec.model_type == "gemma3_text":
             q, k, v = (project(n, T * wd * e, True) for n, wd in (("q_proj", q_w), ("k_proj", k_w), ("v_proj", v_w)))
             q, k = head_norm(q, q_w), head_norm(k, k_w)
         else:  # Qwen3: q_norm(q_proj(x)), k_norm(k_proj(x)), v_proj(x)

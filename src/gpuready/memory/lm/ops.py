@@ -169,12 +169,13 @@ def eager_mask(prog: Program, ctx: Ctx, batch: int, seq: int) -> list[int]:
     padded = ctx.w.new_tokens > 0
     masks = []
     for _ in range(2 if ctx.spec.model_type in GEMMA_FAMILY else 1):
-        causal = prog.alloc("activations", seq * seq)
-        expanded = prog.alloc("activations", batch * seq * seq) if padded else 0
-        if padded:
-            prog.free(causal)
+        boolean = prog.alloc("activations", seq * seq)
+        if padded:  # and-ed with generate()'s attention mask: batch-sized
+            expanded = prog.alloc("activations", batch * seq * seq)
+            prog.free(boolean)
+            boolean = expanded
         masks.append(prog.alloc("activations", batch * seq * seq * ctx.dt.param))
-        prog.free(expanded if padded else causal)
+        prog.free(boolean)
     return masks
 
 
