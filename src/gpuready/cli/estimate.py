@@ -36,6 +36,7 @@ COLORS = {
     "kv_cache": "bright_cyan",
     "lora_adapters": "bright_magenta",
     "autocast_weight_copies": "bright_blue",
+    "allocator_blocks": "grey50",
 }
 
 

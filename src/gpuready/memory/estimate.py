@@ -58,12 +58,17 @@ def _run(spec: ModelSpec, w: Workload, meta_init: bool = False) -> _Run:
         # their own streams, so their cache cannot serve the compute stream (and the reverse); replay each apart.
         # Nothing is released on an unlimited device, so the sum of the final reserves is the peak.
         replayed = sum(replay(events).peak_reserved_bytes for events in prog.split_streams())
+        allocated = prog.peak_allocated
     else:
-        replayed = replay(prog.replay_events(), repeat=prog.repeat_span()).peak_reserved_bytes
-    reserved = max(replayed, prog.peak_allocated + prog.cached_outside_bytes, prog.peak_allocated)
+        result = replay(prog.replay_events(), repeat=prog.repeat_span())
+        replayed = result.peak_reserved_bytes
+        # the allocator's count, as torch.cuda.max_memory_allocated reports it: whole blocks (sizes rounded, and a
+        # cached block handed out unsplit when what is left would be too small), not the tensors' requested bytes
+        allocated = max(result.peak_allocated_bytes, prog.peak_allocated)
+    reserved = max(replayed, prog.peak_allocated + prog.cached_outside_bytes, allocated)
     phase = max(prog.phase_peaks, key=lambda p: prog.phase_peaks[p])
     return _Run(
-        prog.peak_allocated,
+        allocated,
         reserved,
         replayed,
         phase,
@@ -230,6 +235,11 @@ def estimate(
     run = _core(spec, workload, meta_init)
     overhead = device_overhead_bytes(workload)
     breakdown = dict(_breakdown(spec, workload, meta_init, run.phase))
+    # what the allocator hands out beyond the tensors' bytes at the peak: sizes rounded to its blocks, and cached
+    # blocks handed out whole when what would be left is too small to split off
+    rounding = run.peak_allocated - sum(breakdown.values())
+    if rounding > 0:
+        breakdown["allocator_blocks"] = rounding
     result = MemoryEstimate(
         model=spec.name,
         params=spec.params,
