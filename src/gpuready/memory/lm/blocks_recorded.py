@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gpuready.memory.lm import nf4
 from gpuready.memory.lm.autograd import Layer, Saved
-from gpuready.memory.lm.context import GEMMA_NORMS, Ctx
+from gpuready.memory.lm.context import GEMMA_NORMS, Ctx, sliding_layer
 from gpuready.memory.lm.eager import eager_attention_train
 from gpuready.memory.lm.ops import lora_update, rms_norm_frozen, rms_norm_start, rope
 from gpuready.memory.program import Program
@@ -12,13 +12,12 @@ from gpuready.memory.program import Program
 
 def recorded_layer_order(ctx: Ctx, layer: int) -> bool:
     """Whether this layer's forward can follow the order recorded on the GPU (plain_block_forward): a plain
-    decoder layer (RMSNorm, separate or fused q/k/v, gated MLP, flash, memory-efficient or fp32 math attention
-    without repeated K/V) trained in 16 bits (full, LoRA or QLoRA) or fp32 (full); Gemma-2's four norms in 16
-    bits."""
+    decoder layer (RMSNorm, separate or fused q/k/v, gated MLP, flash, memory-efficient (past a sliding window: the
+    mask's copy and K/V repeated) or fp32 math attention) trained in 16 bits (full, LoRA or QLoRA) or fp32 (full);
+    Gemma 2's and Gemma 3's four norms (and Gemma 3's head norms) in 16 bits."""
     spec, lins = ctx.spec, {lin.name for lin in ctx.spec.block_linears}
     attn = {"q_proj", "k_proj", "v_proj"} <= lins or "qkv_proj" in lins
     mlp = {"gate_proj", "up_proj"} <= lins or "gate_up_proj" in lins
-    expanded = ctx.backend == "efficient" and ctx.mask and spec.kv_heads < spec.heads
     return (
         ctx.w.method in ("lora", "qlora", "full")
         and (ctx.dt.act == 2 or (ctx.dt.act == 4 and ctx.full))
@@ -42,7 +41,6 @@ def recorded_layer_order(ctx: Ctx, layer: int) -> bool:
             # with the matmuls' two-gradient backward too: not found).
             or (ctx.backend == "eager" and ctx.dt.act == 2 and (ctx.w.grad_ckpt or not ctx.full))
         )
-        and not expanded
         and attn
         and mlp
         and "o_proj" in lins
@@ -247,12 +245,43 @@ def plain_block_forward(
         prog.free(stats[2])  # the mean
         return out
 
+    def gemma_head_norm(width: int, src: int) -> int:
+        """Gemma3RMSNorm on q or k (over each head) as the recorded history h50_ft_gemma3_1b_b4 shows it:
+        x.float() (kept by pow), pow, the mean (gone once + eps is made), rsqrt (kept), x * rsqrt (kept when the
+        weight trains), * (1 + weight) in fp32 and .type_as(x) (the output); then the projection's output goes."""
+        rows = T * width // d
+        save(T * width * 4, T * width * e, transient=(T * width * 4,) * 3)
+        sq = alloc(T * width * 4)
+        mean = alloc(rows * 4)
+        prog.free(sq)
+        eps = alloc(rows * 4)
+        prog.free(mean)
+        save(rows * 4)  # rsqrt
+        prog.free(eps)
+        y = 0
+        if full:
+            save(T * width * 4)
+        else:
+            y = alloc(T * width * 4)
+        scaled = alloc(T * width * 4)
+        if y:
+            prog.free(y)
+        out = alloc(T * width * e)
+        prog.free(scaled)
+        prog.free(src)
+        return out
+
     q_w, kv_w = a * d, kv * d
     gemma = spec.model_type in GEMMA_NORMS
     normed = gemma_norm(0, True) if gemma else norm()
-    if "qkv_proj" in lins:
+    fused_qkv = "qkv_proj" in lins
+    if fused_qkv:
         q_out = k_out = 0  # q, k and v are views of the fused output
         v_out = project("qkv_proj", h, q_w + 2 * kv_w)
+    elif spec.model_type == "gemma3_text":
+        # Gemma 3 projects q, k and v first, then runs q_norm and k_norm (h50_ft_gemma3_1b_b4)
+        q_out, k_out, v_out = project("q_proj", h, q_w), project("k_proj", h, kv_w), project("v_proj", h, kv_w)
+        q_out, k_out = gemma_head_norm(q_w, q_out), gemma_head_norm(kv_w, k_out)
     else:
         q_out = project("q_proj", h, q_w)
         if spec.qk_norm:
@@ -294,14 +323,38 @@ def plain_block_forward(
         o_keeps = full or (lora16 and "o_proj" in ctx.lora)
         o_out = eager_attention_train(layer_, ctx, q_new, k_new, v_out, lambda: project("o_proj", q_w, h), o_keeps)
     else:
+        # past the sliding window (a mask: the 'efficient' backend here; in bf16 the H200 runs cuDNN's kernel for it,
+        # docs/calibration/sdpa_layout.txt, with the same tensors) transformers repeats K and V to every head
+        # (sdpa_attention.repeat_kv: copies kept by the kernel, the rotated k and the projected v then go with the
+        # attention module's locals after o_proj; one K/V head repeats as a stride-0 view, no copy) and SDPA converts
+        # the boolean mask to the query's dtype, [B, 1, S, S], kept for the kernel's backward (the recorded histories
+        # h51_lora_mistral7b_b1_s4096, h50_lora_phi3mini_b2_s4096: 64 MiB a layer at 2 x 4096, allocated -3.4%
+        # without it; h50_ft_gemma3_1b_b4, whose global layers take no mask)
+        masked = ctx.backend == "efficient" and ctx.mask and sliding_layer(spec, layer)
+        repeated = masked and 1 < kv < a
         save_handle(q_new, T * q_w * e)
-        save_handle(k_new, T * kv_w * e)
-        save_handle(v_out, T * kv_w * e)  # v, or the fused qkv output it is a view of
+        if repeated:
+            save(T * q_w * e, T * q_w * e)  # k repeated
+            save(T * q_w * e, T * q_w * e)  # v repeated
+        else:
+            save_handle(k_new, T * kv_w * e)
+            save_handle(v_out, T * kv_w * e)  # v, or the fused qkv output it is a view of
+        if masked:
+            save(T * ctx.w.seq * e)
         save(T * q_w * e)  # attention output, kept by the kernel's backward
         names["attn"] = last_kept()
         save(T * a * 4)  # log-sum-exp, fp32
         names.update(q_rot=q_new, k_rot=k_new, v=v_out, lse=last_kept())
+        # cuDNN's kernel writes its output in q's layout; q rotated from a fused projection's view is [B, H, S, D], so
+        # transpose(1, 2).contiguous() copies it for o_proj (h50_lora_phi3mini_b2_s4096, h24_phi3_mixed: 48 MiB at
+        # 2 x 4096, gone when the attention module returns)
+        copy = alloc(T * q_w * e) if fused_qkv else 0
         o_out = project("o_proj", q_w, h)
+        if copy:
+            prog.free(copy)
+        if repeated:
+            prog.free(k_new)
+            prog.free(v_out)
     if normed:
         done_with(normed, "in.out")
     if gemma:

@@ -22,10 +22,9 @@ from gpuready.models.lora import default_lora_targets
 from gpuready.models.spec import Linear, ModelSpec
 from gpuready.workload import Workload
 
-# families whose norms follow Gemma-2's recorded program (the fp32 y kept for (1 + weight) * y). Gemma3RMSNorm is
-# the same code, but with it the program put Gemma-3 +3.7% (allocated) over the H200 and the traced mode, without
-# it -0.3% (docs/accuracy.md): another part of the generic layer over-counts Gemma-3 by about as much (not found)
-GEMMA_NORMS = ("gemma2",)
+# families whose layers follow Gemma-2's recorded program (four norms, the fp32 y kept for (1 + weight) * y): Gemma 3
+# too, with its head norms (blocks_recorded.plain_block_forward, the recorded history h50_ft_gemma3_1b_b4)
+GEMMA_NORMS = ("gemma2", "gemma3_text")
 # Gemma 2 and 3 (transformers' Gemma2/Gemma3 model code): RMSNorm computed in fp32 with `* (1 + weight)`, four norms a
 # decoder layer, the embedding scaled by sqrt(hidden) into a new tensor, a causal and a sliding-window mask
 GEMMA_FAMILY = ("gemma2", "gemma3_text")
