@@ -522,6 +522,7 @@ def test_held_out_misses_follow_their_histories(name: str, job: str) -> None:
         # -3.4% allocated before); K/V repeated for grouped heads; fp32 routed experts under autocast (-3.3%)
         ("h50_ft_gemma3_1b_b4", "gemma-3-1b --seq 2048 --batch 4 --precision bf16"),
         ("h50_lora_phi3mini_b2_s4096", "phi-3-mini --method lora --seq 4096 --batch 2 --precision bf16"),
+        ("h50_lora_qwen15moe_mixed_b2", "qwen1.5-moe-a2.7b --method lora --seq 1024 --batch 2 --precision mixed"),
         ("h51_lora_gemma3_1b_b4", "gemma-3-1b --method lora --seq 2048 --batch 4 --precision bf16"),
         ("h51_lora_gemma3_4b_b1_s4096", "gemma-3-4b --method lora --seq 4096 --batch 1 --precision bf16"),
         ("h51_lora_mistral7b_b1_s4096", "mistral-7b --method lora --seq 4096 --batch 1 --precision bf16"),
