@@ -82,10 +82,11 @@ class Layer:
         self.temps.remove(handle)
         self.prog.free(handle)
 
-    def weight_grad(self, nbytes: int) -> None:
-        """A node that keeps nothing of its own but makes a weight's gradient in backward."""
+    def weight_grad(self, nbytes: int, transient: tuple[int, ...] = ()) -> None:
+        """A node that keeps nothing of its own but makes a weight's gradient in backward (and, after it, the
+        `transient` scratch tensors)."""
         if self.keep:
-            self.saved.append(Saved(NOTHING_KEPT, 0, (nbytes,)))
+            self.saved.append(Saved(NOTHING_KEPT, 0, (nbytes,), transient))
 
     def grad_node(self, grad_bytes: int) -> None:
         """A node that keeps nothing of its own but makes an activation gradient in backward (a matmul with a

@@ -93,6 +93,10 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
     gpt2_embed = (
         spec.model_type == "gpt2" and w.grad_ckpt and bool(ctx.lora) and not prep and not fsdp and w.grad_accum == 1
     )
+    # GPT-2's embeddings in any other training job (ft_gpt2xl_sgd): the token and position embeddings (locals of the
+    # base model's forward, gone when it returns), their sum (gone once dropout has run), dropout's one-byte mask
+    # (kept for its backward, which ends the step's) and its output, the residual stream
+    gpt2_dropout = spec.model_type == "gpt2" and not gpt2_embed and not fsdp and w.method != "qlora"
     state: list[int] | None = None
 
     def one_step(step: int) -> None:
@@ -123,13 +127,13 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 fsdp.gather(root)
             x = embedding_output(prog, ctx, T * h * r)  # the residual stream
             wte = wpe = embd_mask = 0
-            if gpt2_embed:
+            if gpt2_embed or gpt2_dropout:
                 # GPT-2's embeddings under peft's checkpointing (h38_lora_gpt2m_ckpt_b16): the token embeddings
                 # (held with the step's graph until the next step's), the positions' (until the base model
                 # returns), their sum (gone once dropout has run), dropout's one-byte mask (kept for its backward)
                 # and its output, the residual stream
                 wte = x
-                wpe = prog.alloc("activations", w.seq * h * e)
+                wpe = prog.alloc("activations", w.seq * h * r)
                 summed = prog.alloc("activations", T * h * r)
                 embd_mask = prog.alloc("activations", T * h)
                 x = prog.alloc("activations", T * h * r)
@@ -256,6 +260,8 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
             if replaced:
                 prog.free(embeds)  # the base model returns (fsdp_qwen3b_b2: after the final norm, before lm_head)
             prog.free(wpe)
+            if gpt2_dropout:
+                prog.free(wte)
             if prep:  # lm_head's fp32 weight cast to bf16 by autocast (frozen: not cached), kept for backward
                 head_cast = prog.alloc("autocast_weight_copies", spec.vocab * h * 2)
             kept = logits_and_loss_forward(prog, ctx, frozen_out, cast_input=prep)
@@ -444,6 +450,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 held = [grad, wte]
             else:
                 prog.free(dx)
+                prog.free(embd_mask)  # (GPT-2: the embedding dropout's backward)
             if recorded_mixed or full_cast:
                 pass
             elif ctx.full:
