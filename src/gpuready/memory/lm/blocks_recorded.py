@@ -347,10 +347,15 @@ def plain_block_forward(
         names.update(q_rot=q_new, k_rot=k_new, v=v_out, lse=last_kept())
         # cuDNN's kernel writes its output in q's layout; q rotated from a fused projection's view is [B, H, S, D], so
         # transpose(1, 2).contiguous() copies it for o_proj (h50_lora_phi3mini_b2_s4096, h24_phi3_mixed: 48 MiB at
-        # 2 x 4096, gone when the attention module returns)
+        # 2 x 4096, gone when the attention module returns unless o_proj keeps it)
         copy = alloc(T * q_w * e) if fused_qkv else 0
+        if copy and full:
+            save_handle(copy)  # o_proj's input, kept for its weight's gradient (h53_ft_phi3mini_b1_s4096)
+        elif copy and lora16 and "o_proj" in ctx.lora:
+            keep_input(copy, "o_proj.in")  # a 16-bit adapter keeps its input itself
+            copy = 0
         o_out = project("o_proj", q_w, h)
-        if copy:
+        if copy and not full:
             prog.free(copy)
         if repeated:
             prog.free(k_new)
