@@ -161,6 +161,18 @@ def test_a_size_known_per_batch_holds_from_the_first_batch_it_exists() -> None:
         assert estimate(w.model_copy(update={"batch": b})) == got
 
 
+def test_a_size_known_per_batch_in_a_memoised_layer_is_worked_out_in_every_layer() -> None:
+    # GPT-2's Conv1D bias gradients take a reduction buffer in every layer's backward; the layer memo writes the
+    # first layer's span out for the others, and each copy must carry the size as a function of the batch (written
+    # out at the recording's first batch instead, batch 13 came out with 6 MiB buffers for 39 MiB ones)
+    w = make_workload(model="gpt2", method="full", seq=512)
+    spec = resolve_model(w.model)
+    template = build_template(lambda x: _build(spec, x), w)
+    assert template is not None and len(template.per_batch) >= 4 * spec.layers
+    for batch in (template.min_batch, 13, 100):
+        assert template.instantiate(batch) == _build(spec, w.model_copy(update={"batch": batch}))
+
+
 def test_a_program_that_differs_below_a_batch_takes_a_template_from_there() -> None:
     # eager attention copies its operands only past one sequence (Program.from_batch): the template holds from batch
     # 2, where it writes out what the builders make; batch 1 is built (and has no copies)

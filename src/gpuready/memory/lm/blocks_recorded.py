@@ -434,8 +434,9 @@ def gpt2_block_forward(prog: Program, ctx: Ctx, keep: bool) -> list[Saved]:
         takes CUDA's reduction buffer for a moment (ft_gpt2xl_sgd: 50 MiB for c_fc's 6400 outputs and 37.5 MiB
         for c_attn's 4800 over 1024 tokens, each a new segment after the kept weight gradient took the last)."""
         lin = lins[name]
-        reduce = reduce_buffer_bytes(lin.out_features, T) if lin.bias else 0
-        layer_.weight_grad(lin.in_features * lin.out_features * dt.param, (reduce,) if reduce else ())
+        # (a batch-template symbol when the template is recorded: passed as it is, zero or not at a given batch)
+        reduce = (reduce_buffer_bytes(lin.out_features, T),) if lin.bias else ()
+        layer_.weight_grad(lin.in_features * lin.out_features * dt.param, reduce)
 
     def proj_dropout(name: str) -> int:
         """c_proj's output through dropout: the mask is kept, the output returned."""

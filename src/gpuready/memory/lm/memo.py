@@ -167,8 +167,10 @@ class SpanMemo:
                 self.spans[key] = None
                 return made
             result.append((True, -1) if not h else (True, h - first) if h >= first else (False, where[h]))
+        # sizes not affine in the batch (template.PerBatch: a reduction's buffer) by the span's own handle
+        per_batch = {h - first: fn for h, fn in rec.per_batch.items() if h >= first}
         self.spans[key] = _RecSpan(
-            coded, from_inputs, rec.a[first:], rec.c[first:], self.prog.categories[first:], result, made[1]
+            coded, from_inputs, rec.a[first:], rec.c[first:], self.prog.categories[first:], result, made[1], per_batch
         )
         return made
 
@@ -183,6 +185,8 @@ class SpanMemo:
         rec.ops.extend(ops)
         rec.a.extend(span.a)
         rec.c.extend(span.c)
+        for k, fn in span.per_batch.items():
+            rec.per_batch[first + k] = fn
         self.prog.categories.extend(span.categories)
         return [(first + v if own else inputs[v]) if v >= 0 else 0 for own, v in span.result], span.payload
 
@@ -198,6 +202,7 @@ class _RecSpan:
     categories: list[str]
     result: list[tuple[bool, int]]
     payload: Any
+    per_batch: dict[int, Callable[[int], int]]  # own handle (from 0) -> its size at a batch (template.PerBatch)
 
 
 def _renumbered(saved: list[Saved], handles: list[int]) -> list[Saved]:
