@@ -33,7 +33,8 @@ def _plain_mixed_layer(ctx: Ctx) -> bool:
         and spec.norm == "rms"
         and spec.norms_per_layer == 2
         and spec.gated_mlp
-        and not (spec.mla or spec.experts or spec.shared_intermediate or spec.qk_norm or spec.learned_positions)
+        and not (spec.mla or spec.experts or spec.shared_intermediate or spec.learned_positions)
+        and (not spec.qk_norm or spec.model_type == "qwen3")  # Qwen3's head norms: h52_ft_qwen3_4b_mixed_b1
         and set(lins) == names
         and not any(lin.count != 1 for lin in lins.values())
         and spec.model_type in ("llama", "mistral", "qwen2", "qwen3")
@@ -81,6 +82,8 @@ class MixedLayer:
     up: int
     prod: int
     wd: int
+    # Qwen3's q_norm and k_norm: x.to(fp32), rsqrt and the 16-bit y each kept (0 without head norms)
+    heads: tuple[int, ...] = ()
 
 
 def _helpers(
@@ -121,14 +124,43 @@ def mixed_layer_forward(prog: Program, ctx: Ctx, whole: bool) -> tuple[MixedLaye
     free(act(h32))  # pow
     n1_y = act(h32)  # x * rsqrt, kept for the weight's gradient
     n1_out = act(h32)
+    heads: list[int] = []
+
+    def head_norm(width: int, src: int) -> int:
+        """Qwen3RMSNorm on q or k under autocast (h52_ft_qwen3_4b_mixed_b1): x.to(fp32) (kept), pow, the mean, + eps,
+        rsqrt (kept), x * rsqrt in fp32, .to(bf16) (kept: the weight trains), the fp32 weight times it (fp32: RoPE's
+        input, returned); the projection's output goes."""
+        rows = T * width // d
+        x32 = act(T * width * 4)
+        sq = act(T * width * 4)
+        mean = act(rows * 4)
+        free(sq)
+        eps = act(rows * 4)
+        rs = act(rows * 4)
+        free(eps)
+        y32 = act(T * width * 4)
+        y16 = act(T * width * 2)
+        out = act(T * width * 4)
+        free(y32)
+        free(mean)
+        free(src)
+        heads.extend((x32, rs, y16))
+        return out
+
+    qk_norm = spec.qk_norm
     wq, q_in, q = wcast(h, q_w), act(h16), act(T * q_w * 2)
+    if qk_norm:
+        q = head_norm(q_w, q)
     wk, k_in, k = wcast(h, kv_w), act(h16), act(T * kv_w * 2)
+    if qk_norm:
+        k = head_norm(kv_w, k)
     wv, v_in, v = wcast(h, kv_w), act(h16), act(T * kv_w * 2)
+    rope_in = 4 if qk_norm else 2  # bytes an element of RoPE's input (the head norms' output is fp32)
 
     def rope(width: int) -> int:
         a_ = act(T * width * 4)
-        n_ = act(T * width)
-        c_ = act(T * width * 2)
+        n_ = act(T * width * rope_in // 2)
+        c_ = act(T * width * rope_in)
         free(n_)
         b_ = act(T * width * 4)
         free(c_)
@@ -190,6 +222,7 @@ def mixed_layer_forward(prog: Program, ctx: Ctx, whole: bool) -> tuple[MixedLaye
         up,
         prod,
         wd,
+        tuple(heads),
     )
     return kept, out
 
@@ -300,8 +333,55 @@ def mixed_layer_backward(
         free(t6)
         return grad16
 
-    dk16 = rope_backward(kv_w, dk32)
-    dq16 = rope_backward(q_w, dq32)
+    def rope_backward32(width: int, grad32: int) -> int:
+        """RoPE's backward on an fp32 input (Qwen3's head norms' output): no casts; returns the input's gradient."""
+        t1, t3 = act(T * width * 4), act(T * width * 2)
+        grad = act(T * width * 4)
+        free(t3)
+        t4 = act(T * width * 4)
+        free(t1)
+        free(t4)
+        t5 = act(T * width * 4)
+        free(grad32)
+        free(t5)
+        return grad
+
+    def head_norm_backward(width: int, g32: int, kept: tuple[int, ...]) -> int:
+        """Qwen3RMSNorm's backward under autocast as h52_ft_qwen3_4b_mixed_b1 records it: the weight's gradient (a
+        product and its reduction over the tokens x heads rows), the 16-bit y's gradient and its fp32 cast, x *
+        rsqrt's backward with its per-row temporaries, the input's gradient cast back to bf16, then made contiguous
+        (returned)."""
+        x32, rs, y16 = kept
+        rows = T * width // d
+        n4 = T * width * 4
+        a_, b_ = act(n4), act(n4)
+        prog.transient("activations", reduce_buffer_bytes(d, rows))
+        free(b_)
+        gy = act(T * width * 2)
+        free(a_)
+        free(g32)
+        free(y16)
+        gy32 = act(n4)
+        free(gy)
+        c_, dx = act(n4), act(n4)
+        s1 = act(rows * 4)
+        free(c_)
+        free(gy32)
+        s2, s3, s4 = act(rows * 4), act(rows * 4), act(rows * 4)
+        prog.free_all([s3, s2, s1, rs])
+        t1 = act(n4)
+        free(s4)
+        t2, t3, t4 = act(n4), act(n4), act(n4)
+        prog.free_all([t3, t2, t1, x32, t4])
+        dxb = act(T * width * 2)
+        free(dx)
+        out = act(T * width * 2)  # the transposed gradient made contiguous
+        free(dxb)
+        return out
+
+    qk_norm = bool(m.heads)
+    dk16 = rope_backward32(kv_w, dk32) if qk_norm else rope_backward(kv_w, dk32)
+    dq16 = rope_backward32(q_w, dq32) if qk_norm else rope_backward(q_w, dq32)
     w16, dx16 = alloc("gradients", h * kv_w * 2), act(h16)
     free(v_in)
     free(wv)
@@ -310,8 +390,11 @@ def mixed_layer_backward(
     free(dx16)
     weight_grad(h, kv_w)
     free(w16)
-    dk_c = act(T * kv_w * 2)  # the transposed gradient made contiguous
-    free(dk16)
+    if qk_norm:
+        dk_c = head_norm_backward(kv_w, dk16, m.heads[3:])
+    else:
+        dk_c = act(T * kv_w * 2)  # the transposed gradient made contiguous
+        free(dk16)
     w16, dx16 = alloc("gradients", h * kv_w * 2), act(h16)
     free(k_in)
     free(wk)
@@ -321,8 +404,11 @@ def mixed_layer_backward(
     free(t)
     weight_grad(h, kv_w)
     free(w16)
-    dq_c = act(T * q_w * 2)
-    free(dq16)
+    if qk_norm:
+        dq_c = head_norm_backward(q_w, dq16, m.heads[:3])
+    else:
+        dq_c = act(T * q_w * 2)
+        free(dq16)
     w16, dx16 = alloc("gradients", h * q_w * 2), act(h16)
     free(q_in)
     free(wq)
