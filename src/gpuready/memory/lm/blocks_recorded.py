@@ -113,26 +113,39 @@ def plain_block_forward(
             return 0
         return rms_norm_frozen(layer_, y32, T, h, r)
 
-    def gemma_norm(src: int = 0, feeds_linears: bool = False) -> int:
-        """Gemma2RMSNorm as the recorded histories of gemma-2-2b (LoRA and full fine-tuning) show it: x.float()
-        (kept by pow), pow, x * rsqrt (kept when the weight trains), * (1 + weight) in fp32, .type_as(x) (the
-        output, kept under full fine-tuning when linears read it). `src` (a projection's output) is freed once the
-        norm is done."""
-        save(T * h * 4, T * h * e, transient=(T * h * 4,) * 3)
-        prog.free(alloc(T * h * 4))
+    def gemma_norm(src: int = 0, feeds_linears: bool = False, width: int = 0, head: bool = False) -> int:
+        """Gemma2RMSNorm / Gemma3RMSNorm as the recorded histories of gemma-2-2b (LoRA and full fine-tuning) and
+        gemma-3-1b (h50_ft_gemma3_1b_b4) show it: x.float() (kept by pow), pow, x * rsqrt (kept when the weight
+        trains), * (1 + weight) in fp32, .type_as(x) (the output, kept under full fine-tuning when linears read it).
+        `src` (a projection's output) is freed once the norm is done. `head`: Gemma 3's q_norm or k_norm over each
+        head of `width` features, whose per-row statistics are large-pool blocks: the mean (gone once + eps is
+        made) and rsqrt (kept)."""
+        n = T * (width or h)
+        save(n * 4, n * e, transient=(n * 4,) * 3)
+        sq = alloc(n * 4)
+        if head:
+            rows = n // d
+            mean = alloc(rows * 4)
+            prog.free(sq)
+            eps = alloc(rows * 4)
+            prog.free(mean)
+            save(rows * 4)  # rsqrt
+            prog.free(eps)
+        else:
+            prog.free(sq)
         xr = 0
         if full:
-            save(T * h * 4)
+            save(n * 4)
         else:
-            xr = alloc(T * h * 4)
-        scaled = alloc(T * h * 4)
+            xr = alloc(n * 4)
+        scaled = alloc(n * 4)
         if xr:
             prog.free(xr)
         out = 0
         if full and feeds_linears:
-            save(T * h * e)
+            save(n * e)
         else:
-            out = alloc(T * h * e)
+            out = alloc(n * e)
         prog.free(scaled)
         if src:
             prog.free(src)
@@ -245,32 +258,6 @@ def plain_block_forward(
         prog.free(stats[2])  # the mean
         return out
 
-    def gemma_head_norm(width: int, src: int) -> int:
-        """Gemma3RMSNorm on q or k (over each head) as the recorded history h50_ft_gemma3_1b_b4 shows it:
-        x.float() (kept by pow), pow, the mean (gone once + eps is made), rsqrt (kept), x * rsqrt (kept when the
-        weight trains), * (1 + weight) in fp32 and .type_as(x) (the output); then the projection's output goes."""
-        rows = T * width // d
-        save(T * width * 4, T * width * e, transient=(T * width * 4,) * 3)
-        sq = alloc(T * width * 4)
-        mean = alloc(rows * 4)
-        prog.free(sq)
-        eps = alloc(rows * 4)
-        prog.free(mean)
-        save(rows * 4)  # rsqrt
-        prog.free(eps)
-        y = 0
-        if full:
-            save(T * width * 4)
-        else:
-            y = alloc(T * width * 4)
-        scaled = alloc(T * width * 4)
-        if y:
-            prog.free(y)
-        out = alloc(T * width * e)
-        prog.free(scaled)
-        prog.free(src)
-        return out
-
     q_w, kv_w = a * d, kv * d
     gemma = spec.model_type in GEMMA_NORMS
     normed = gemma_norm(0, True) if gemma else norm()
@@ -281,7 +268,7 @@ def plain_block_forward(
     elif spec.model_type == "gemma3_text":
         # Gemma 3 projects q, k and v first, then runs q_norm and k_norm (h50_ft_gemma3_1b_b4)
         q_out, k_out, v_out = project("q_proj", h, q_w), project("k_proj", h, kv_w), project("v_proj", h, kv_w)
-        q_out, k_out = gemma_head_norm(q_w, q_out), gemma_head_norm(kv_w, k_out)
+        q_out, k_out = gemma_norm(q_out, width=q_w, head=True), gemma_norm(k_out, width=kv_w, head=True)
     else:
         q_out = project("q_proj", h, q_w)
         if spec.qk_norm:
