@@ -309,7 +309,7 @@ def render(result: MemoryEstimate, summary: str, gpu_name: str | None, fixes: li
             f"{nbytes / max(result.peak_allocated_bytes, 1):.0%}",
         )
     table.add_section()
-    table.add_row("peak allocated (live tensors)", format_bytes(result.peak_allocated_bytes), "")
+    table.add_row("peak allocated (tensors, in blocks)", format_bytes(result.peak_allocated_bytes), "")
     table.add_row(
         "[grey50]▒[/] + allocator cache (reserved)",
         format_bytes(result.peak_reserved_bytes - result.peak_allocated_bytes),

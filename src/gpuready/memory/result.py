@@ -21,7 +21,7 @@ CARD_KEYS = (
 class MemoryEstimate:
     """Peak GPU memory of one job, per GPU.
 
-    peak_allocated_bytes: live tensors at the peak (torch.cuda.max_memory_allocated).
+    peak_allocated_bytes: live tensors at the peak, counted in the allocator's blocks (torch.cuda.max_memory_allocated).
     peak_reserved_bytes: what the caching allocator holds from the device (max_memory_reserved).
     peak_device_bytes: reserved + CUDA context and library workspaces (what nvidia-smi shows).
     breakdown: component name -> bytes live at the peak; the components add up to peak_allocated_bytes.
