@@ -533,11 +533,15 @@ def test_held_out_misses_follow_their_histories(name: str, job: str) -> None:
         ("h51_lora_gemma3_1b_b4", "gemma-3-1b --method lora --seq 2048 --batch 4 --precision bf16"),
         ("h51_lora_gemma3_4b_b1_s4096", "gemma-3-4b --method lora --seq 4096 --batch 1 --precision bf16"),
         ("h51_lora_mistral7b_b1_s4096", "mistral-7b --method lora --seq 4096 --batch 1 --precision bf16"),
+        # GPT-2's embeddings' backward: dropout's gradient held until the token embedding's weight gradient is made,
+        # the position embedding's summed over the batch, then its .grad (+2.4% before: held-out set 47)
+        ("h53_ft_gpt2l_fp32_b4", "gpt2-large --seq 1024 --batch 4 --precision fp32"),
     ],
 )
-def test_sliding_window_training_and_gemma3_follow_their_histories(name: str, job: str) -> None:
+def test_session_16_histories_are_followed_to_the_reserve(name: str, job: str) -> None:
     """The reserve within 0.2% of the recorded requests' replay and the allocated peak within 0.3% of the GPU's (a
-    few segments still come out of other sizes: two 36 MiB norm segments of gemma-3-1b's 254 are 32 MiB ones here)."""
+    few segments still come out of other sizes: two 36 MiB norm segments of gemma-3-1b's 254 are 32 MiB ones here,
+    gpt2-large's step 2 makes one 80 MiB segment fewer and four 20 MiB ones more)."""
     from gpuready.memory import estimate
     from gpuready.memory.estimate import _build
     from gpuready.models import resolve_model

@@ -101,6 +101,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
 
     def one_step(step: int) -> None:
         nonlocal forward_workspace, backward_workspace, state
+        embed_grad = 0  # GPT-2's embedding gradient, held until the token embedding's weight gradient is made
         prog.mark_step()
         grads: list[int] = []
         held: list[int] = []  # (freed at the step's end, below)
@@ -448,6 +449,20 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 prog.free(dx)
                 prog.free(embd_mask)
                 held = [grad, wte]
+            elif gpt2_dropout and ctx.full:
+                # GPT-2's embedding dropout's backward, then the position embedding's: the gradient summed over the
+                # batch ([1, S, h]; none at batch 1), then wpe's .grad; the dropout's gradient goes once the token
+                # embedding's gradient is made, below (h53_ft_gpt2l_fp32_b4, ft_gpt2xl_sgd, ft_gpt2m_fp16)
+                embed_grad = prog.alloc("activations", T * h * r)
+                prog.free(dx)
+                prog.free(embd_mask)
+                summed = prog.alloc("activations", w.seq * h * r) if prog.from_batch(w.batch, 2) else 0
+                pos = prog.alloc("gradients", spec.learned_positions * h * ctx.dt.param)
+                prog.free(summed)
+                if accumulate:
+                    prog.free(pos)
+                else:
+                    grads.append(pos)
             else:
                 prog.free(dx)
                 prog.free(embd_mask)  # (GPT-2: the embedding dropout's backward)
@@ -458,6 +473,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 # weight's .grad becomes lm_head's gradient plus this one, a third tensor, and both go (every tied
                 # model's recorded history: ft_qwen15_bf16, ft_qwen3_4b, ft_gemma2b_bf16)
                 emb = prog.alloc("gradients", spec.vocab * h * ctx.dt.param)
+                prog.free(embed_grad)
                 if fsdp and not spec.tied:
                     root_grads.append(emb)
                 elif spec.tied and not fsdp and not accumulate and lm_head_grad and not ctx.dt.autocast:
