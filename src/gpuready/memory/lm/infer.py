@@ -73,9 +73,12 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
             causal = prog.alloc("activations", S * S)
             mask.append(prog.alloc("activations", B * S * S if w.new_tokens else S * S))
             prog.free(causal)
-        tables = rotary_tables(prog, ctx, B, S, first_matmul=not workspace)
+        # the positions: [B, S] under generate() (from the attention mask), [1, S] for a plain forward, whose rotary
+        # tables are then one sequence's (h49_prefill_gemma3_4b_b8: 2 MiB fp32 and 1 MiB bf16 tables at 8 x 2048)
+        rows = B if w.new_tokens else 1
+        tables = rotary_tables(prog, ctx, rows, S, first_matmul=not workspace)
         if spec.model_type == "gemma3_text":  # its local (sliding) layers' rotary embedding has a base of its own
-            tables += rotary_tables(prog, ctx, B, S, first_matmul=False)
+            tables += rotary_tables(prog, ctx, rows, S, first_matmul=False)
         workspace = True
         cache: list[int] = []
         for layer in range(spec.layers):
