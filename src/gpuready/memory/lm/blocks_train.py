@@ -7,12 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpuready.memory.lm.autograd import Layer, Saved
-from gpuready.memory.lm.blocks_recorded import (
-    gpt2_block_forward,
-    gpt2_block_forward_autocast,
-    plain_block_forward,
-    recorded_layer_order,
-)
+from gpuready.memory.lm.blocks_gpt2 import gpt2_block_forward, gpt2_block_forward_autocast
+from gpuready.memory.lm.blocks_recorded import plain_block_forward, recorded_layer_order
 from gpuready.memory.lm.context import (
     GEMMA_FAMILY,
     Ctx,
