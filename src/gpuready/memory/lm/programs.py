@@ -107,6 +107,14 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
         held: list[int] = []  # (freed at the step's end, below)
         if step == 1 and ddp:
             ddp.rebuild([t.nbytes for t in reversed(trainable)], release_first=w.grad_ckpt)
+
+        def weight_grad_made(handle: int, accumulate: bool) -> None:
+            """A weight's gradient made: kept as .grad, or (a later micro-batch) added into it and freed."""
+            if accumulate:
+                prog.free(handle)
+            else:
+                grads.append(handle)
+
         for micro in range(min(w.grad_accum, 2)):
             accumulate = micro > 0
             prog.set_phase("forward")
@@ -295,11 +303,8 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 prog.free(dx16)
                 lm_head = prog.alloc("gradients", spec.vocab * h * ctx.dt.param)
                 prog.free(lm16)
-                if accumulate:
-                    prog.free(lm_head)
-                else:
-                    grads.append(lm_head)
-                    lm_head_grad = lm_head
+                weight_grad_made(lm_head, accumulate)
+                lm_head_grad = 0 if accumulate else lm_head
                 dx = g
                 g = 0
             elif ctx.full:
@@ -335,10 +340,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
             elif norm_trains and g:
                 dx, norm_grad = final_norm_backward_trainable(prog, ctx, dx, final)
                 final = []
-                if accumulate:
-                    prog.free(norm_grad)
-                else:
-                    grads.append(norm_grad)
+                weight_grad_made(norm_grad, accumulate)
             if recorded_mixed or full_cast:
                 dx = mixed_final_norm_backward(prog, ctx, dx, final.pop(0), x)
                 x = 0
@@ -459,10 +461,7 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 summed = prog.alloc("activations", w.seq * h * r) if prog.from_batch(w.batch, 2) else 0
                 pos = prog.alloc("gradients", spec.learned_positions * h * ctx.dt.param)
                 prog.free(summed)
-                if accumulate:
-                    prog.free(pos)
-                else:
-                    grads.append(pos)
+                weight_grad_made(pos, accumulate)
             else:
                 prog.free(dx)
                 prog.free(embd_mask)  # (GPT-2: the embedding dropout's backward)
