@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuready.memory.lm.context import Ctx
-from gpuready.memory.lm.ops import flash_backward_workspace_bytes, reduce_buffer_bytes
+from gpuready.memory.lm.ops import flash_backward_workspace_bytes, reduce_buffer_bytes, rope_backward
 from gpuready.memory.program import Program
 
 
@@ -324,7 +324,7 @@ def mixed_layer_backward(
 
     # RoPE's backward for k, then q: the products with cos and sin, rotate_half's gradient; k's and q's bf16
     # gradients are what remains
-    def rope_backward(width: int, grad32: int) -> int:
+    def rope_backward16(width: int, grad32: int) -> int:
         """One of RoPE's backwards as recorded; frees the fp32 gradient and returns the bf16 one."""
         t1, t2 = act(T * width * 4), act(T * width * 2)
         free(t1)
@@ -339,19 +339,6 @@ def mixed_layer_backward(
         free(grad32)
         free(t6)
         return grad16
-
-    def rope_backward32(width: int, grad32: int) -> int:
-        """RoPE's backward on an fp32 input (Qwen3's head norms' output): no casts; returns the input's gradient."""
-        t1, t3 = act(T * width * 4), act(T * width * 2)
-        grad = act(T * width * 4)
-        free(t3)
-        t4 = act(T * width * 4)
-        free(t1)
-        free(t4)
-        t5 = act(T * width * 4)
-        free(grad32)
-        free(t5)
-        return grad
 
     def head_norm_backward(width: int, g32: int, kept: tuple[int, ...]) -> int:
         """Qwen3RMSNorm's backward under autocast as h52_ft_qwen3_4b_mixed_b1 records it: the weight's gradient (a
@@ -387,8 +374,9 @@ def mixed_layer_backward(
         return out
 
     qk_norm = bool(m.heads)
-    dk16 = rope_backward32(kv_w, dk32) if qk_norm else rope_backward(kv_w, dk32)
-    dq16 = rope_backward32(q_w, dq32) if qk_norm else rope_backward(q_w, dq32)
+    # (on Qwen3's head norms' fp32 output RoPE's backward casts nothing: ops.rope_backward)
+    dk16 = rope_backward(prog, T * kv_w * 4, dk32) if qk_norm else rope_backward16(kv_w, dk32)
+    dq16 = rope_backward(prog, T * q_w * 4, dq32) if qk_norm else rope_backward16(q_w, dq32)
     w16, dx16 = alloc("gradients", h * kv_w * 2), act(h16)
     free(v_in)
     free(wv)

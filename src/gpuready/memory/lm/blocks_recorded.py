@@ -339,12 +339,12 @@ def plain_block_forward(
         copy = alloc(T * q_w * e) if fused_qkv else 0
         if copy and full:
             save_handle(copy)  # o_proj's input, kept for its weight's gradient (h53_ft_phi3mini_b1_s4096)
+            copy = 0
         elif copy and lora16 and "o_proj" in ctx.lora:
             keep_input(copy, "o_proj.in")  # a 16-bit adapter keeps its input itself
             copy = 0
         o_out = project("o_proj", q_w, h)
-        if copy and not full:
-            prog.free(copy)
+        prog.free(copy)  # (0: kept above, or no copy)
         if repeated:
             prog.free(k_new)
             prog.free(v_out)

@@ -30,7 +30,7 @@ from __future__ import annotations
 from gpuready.memory.lm import nf4
 from gpuready.memory.lm.blocks_recorded import recorded_layer_order
 from gpuready.memory.lm.context import GEMMA_NORMS, Ctx, layer_lora
-from gpuready.memory.lm.ops import flash_backward_workspace_bytes, norm_backward_frozen
+from gpuready.memory.lm.ops import flash_backward_workspace_bytes, norm_backward_frozen, rope_backward
 from gpuready.memory.program import Program
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -225,18 +225,7 @@ class LoraBackward:
     def rope(self, g: int, width: int, act: int = 0) -> int:
         """RoPE's backward (q * cos + rotate_half(q) * sin) from the rotated tensor's gradient `g`, which it frees:
         returns the gradient of its input (`act` bytes an element; the activations' by default)."""
-        prog, n = self.prog, self.T * width * (act or self.e)
-        t1 = prog.alloc("activations", n)
-        t2 = prog.alloc("activations", n // 2)
-        out = prog.alloc("activations", n)
-        prog.free(t2)
-        t4 = prog.alloc("activations", n)
-        prog.free(t1)
-        prog.free(t4)
-        t5 = prog.alloc("activations", n)
-        prog.free(g)
-        prog.free(t5)  # added into `out`
-        return out
+        return rope_backward(self.prog, self.T * width * (act or self.e), g)
 
     def run(
         self,

@@ -40,6 +40,24 @@ def rope(prog: Program, tokens: int, width: int, act: int, output: bool = True, 
     return out
 
 
+def rope_backward(prog: Program, nbytes: int, grad: int) -> int:
+    """RoPE's backward (q * cos + rotate_half(q) * sin) from the rotated tensor's gradient `grad`, which it frees,
+    where q is `nbytes` and nothing is cast (its dtype the products'): the products with cos and sin, rotate_half's
+    gradient; returns the gradient of q (the recorded histories qwen3_8b_lora_ckpt_s2048_b5_cap40 in 16 bits,
+    h52_ft_qwen3_4b_mixed_b1 and the kbit-prep ones in fp32)."""
+    t1 = prog.alloc("activations", nbytes)
+    t2 = prog.alloc("activations", nbytes // 2)
+    out = prog.alloc("activations", nbytes)
+    prog.free(t2)
+    t4 = prog.alloc("activations", nbytes)
+    prog.free(t1)
+    prog.free(t4)
+    t5 = prog.alloc("activations", nbytes)
+    prog.free(grad)
+    prog.free(t5)  # added into `out`
+    return out
+
+
 def rms_norm_start(
     layer: Layer, tokens: int, width: int, act: int, rows: int = 0, stats: list[int] | None = None
 ) -> int:
