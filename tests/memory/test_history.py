@@ -503,6 +503,10 @@ def test_adamw8bit_states_are_the_recorded_requests_in_order() -> None:
         # Qwen3's head norms under autocast over fp32 weights on the recorded mixed layer: RoPE on their fp32 output,
         # their backward with the weight's reduction over tokens x heads (-2.2% before, on the generic layer)
         ("h52_ft_qwen3_4b_mixed_b1", "qwen3-4b --seq 2048 --batch 1 --precision mixed"),
+        # session 17: phi-3's fused qkv_proj and gate_up_proj in a checkpointed QLoRA layer's first pass dequantize
+        # their 4-bit weights (and down_proj after the fused MLP too), and its weights are built o_proj first (-0.9%
+        # before; max-batch set 30's 24 GiB case predicted 3 where 4 ran)
+        ("h54_qlora_phi4_ckpt_b2_s4096", "phi-4 --method qlora --grad-ckpt --seq 4096 --batch 2 --precision bf16"),
     ],
 )
 def test_held_out_misses_follow_their_histories(name: str, job: str) -> None:
@@ -615,3 +619,34 @@ def test_gpt_oss_attention_sinks_run_their_softmax_in_bf16() -> None:
     big = {k: v for k, v in compute.history_segments.items() if k > 100 << 20}
     assert {k: v for k, v in compute.program_segments.items() if k > 100 << 20} == big
     assert estimate(w).peak_allocated_bytes == pytest.approx(doc["peak_allocated_bytes"], rel=0.002)
+
+
+def test_the_sliding_window_mask_is_built_and_kept_as_recorded() -> None:
+    """Training past Mistral's 4096-token window: SDPA's boolean mask is built after the embedding in four [S, S]
+    steps (the window's, its `and`, the causal one, the `and` of both), one kept until the backward is done
+    (h55_ft_mistral7b_ckpt_b1_s8192: 64 MiB each at 8192 tokens; none of them were modelled before)."""
+    from gpuready.memory.estimate import _build
+    from gpuready.memory.history import StreamEvent, program_streams
+    from gpuready.models import resolve_model
+    from gpuready.workload import workload_from_args
+
+    square = 8192 * 8192
+    doc = load_history(HISTORIES / "h55_ft_mistral7b_ckpt_b1_s8192.json.gz")
+    w = workload_from_args(["mistral-7b", "--grad-ckpt", "--seq", "8192", "--batch", "1", "--precision", "bf16"])
+    streams = (history_streams(doc)[0], program_streams(_build(resolve_model(w.model), w))[0])
+
+    def mask_steps(events: list[StreamEvent]) -> tuple[list[bool], int, int]:
+        """The [S, S] events between the embedding's output and the first layer's fp32 norm; where the kept one is
+        freed and where the last 224 MiB MLP tensor of the first step's backward is made."""
+        first = next(i for i, e in enumerate(events) if e.alloc and e.nbytes == square)  # the embedding
+        norm = next(i for i, e in enumerate(events) if i > first and e.alloc and e.nbytes == 2 * square)
+        steps = [(e.alloc, e.key) for e in events[first + 1 : norm] if e.nbytes == square]
+        live = {key for alloc, key in steps if alloc} - {key for alloc, key in steps if not alloc}
+        freed = next(i for i, e in enumerate(events) if not e.alloc and e.key in live and i > norm)
+        logits = next(i for i, e in enumerate(events) if e.alloc and e.nbytes == 1000 * MIB)
+        last_mlp = max(i for i, e in enumerate(events[:freed]) if e.alloc and e.nbytes == 224 * MIB)
+        return [alloc for alloc, _ in steps], logits, last_mlp
+
+    (gpu, gpu_logits, gpu_mlp), (ours, our_logits, our_mlp) = (mask_steps(s) for s in streams)
+    assert gpu == ours == [True, True, False, True, True, False, False]
+    assert gpu_mlp > gpu_logits and our_mlp > our_logits  # kept through the whole backward

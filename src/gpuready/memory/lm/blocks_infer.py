@@ -176,7 +176,7 @@ def block_nograd(
     fused_qkv = any(lin.name.endswith("qkv_proj") for lin in spec.block_linears)
     if fused_qkv:
         qkv_bytes = T * (q_w + k_w + v_w) * e
-        qkv = peft("qkv_proj", prog.alloc("activations", qkv_bytes), qkv_bytes)
+        qkv = project("qkv_proj", qkv_bytes, True)
         q = k = v = 0
     else:
         qkv = 0
@@ -281,11 +281,11 @@ def block_nograd(
         down = _moe_nograd(prog, ctx, decode)
     elif any(lin.name.endswith("gate_up_proj") for lin in spec.block_linears):
         # phi-3: gate and up are chunks (views) of one output, alive until the MLP returns; silu(gate), the product
-        fused = peft("gate_up_proj", prog.alloc("activations", 2 * Tm * width * e), 2 * Tm * width * e)
+        fused = project("gate_up_proj", 2 * Tm * width * e, True)
         act = prog.alloc("activations", Tm * width * e)
         prod = prog.alloc("activations", Tm * width * e)
         prog.free(act)
-        down = prog.alloc("activations", T * h * e)
+        down = project("down_proj", T * h * e, False)
         prog.free(prod)
         prog.free(fused)
     else:

@@ -19,6 +19,7 @@ from gpuready.memory.lm.ops import (
     embedding_output,
     rms_norm_nograd,
     rotary_tables,
+    sliding_mask,
 )
 from gpuready.memory.lm.weights import load_weights
 from gpuready.memory.program import Program
@@ -70,9 +71,7 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
         mask = eager_mask(prog, ctx, B, S)
         if ctx.mask and ctx.backend != "eager":
             # SDPA's boolean sliding-window mask, batch-sized under generate() (h48_gen_gemma3_1b_b8: 32 MiB, 8 x 2048)
-            causal = prog.alloc("activations", S * S)
-            mask.append(prog.alloc("activations", B * S * S if w.new_tokens else S * S))
-            prog.free(causal)
+            mask.append(sliding_mask(prog, S, B, padded=w.new_tokens > 0))
         # the positions: [B, S] under generate() (from the attention mask), [1, S] for a plain forward, whose rotary
         # tables are then one sequence's (h49_prefill_gemma3_4b_b8: 2 MiB fp32 and 1 MiB bf16 tables at 8 x 2048)
         rows = B if w.new_tokens else 1

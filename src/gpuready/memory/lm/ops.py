@@ -197,6 +197,29 @@ def eager_mask(prog: Program, ctx: Ctx, batch: int, seq: int) -> list[int]:
     return masks
 
 
+def sliding_mask(prog: Program, seq: int, batch: int, padded: bool) -> int:
+    """SDPA's boolean sliding-window mask as transformers' masking_utils builds it (sdpa_mask's and_masks over the
+    window's and the causal functions): the window's [S, S] and its `and` copy, the causal [S, S] and the `and` of
+    both (kept), each intermediate freed after the next; under generate() and-ed once more and then with the padding
+    mask, which makes it batch-sized (h55_ft_mistral7b_ckpt_b1_s8192: four 64 MiB steps at 8192, one kept until the
+    backward is done; h48_gen_gemma3_1b_b8: 4 MiB steps, a 32 MiB mask at 8 x 2048). Returns the kept mask's
+    handle."""
+    square = seq * seq
+    window = prog.alloc("activations", square)
+    first = prog.alloc("activations", square)
+    prog.free(window)
+    causal = prog.alloc("activations", square)
+    mask = prog.alloc("activations", square)
+    prog.free(causal)
+    prog.free(first)
+    if padded:
+        again = prog.alloc("activations", square)
+        prog.free(mask)
+        mask = prog.alloc("activations", batch * square)
+        prog.free(again)
+    return mask
+
+
 def eager_nograd(prog: Program, ctx: Ctx, q_w: int, k_w: int, v_w: int, out_w: int) -> tuple[int, int]:
     """transformers' eager_attention_forward without autograd, in the order it allocates: K and V repeated to
     every head (repeat_kv), q @ k^T, `* scaling`, `+ mask`, softmax in fp32 (with bf16's upcast copy),

@@ -42,6 +42,7 @@ from gpuready.memory.lm.ops import (
     eager_mask,
     embedding_output,
     rotary_tables,
+    sliding_mask,
 )
 from gpuready.memory.lm.weights import load_weights
 from gpuready.memory.optimizer import optimizer_step
@@ -151,6 +152,9 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
             # backward has left the first layer (h45_eager_ckpt_qwen15b_b2, h44_lora_qwen7b_eager_ckpt_b2: the
             # causal boolean, the [B, 1, S, S] mask, the boolean freed)
             mask = eager_mask(prog, ctx, w.batch, w.seq)
+            if ctx.mask and ctx.backend != "eager":
+                # SDPA's sliding-window mask, made at the same point and kept as long (h55_ft_mistral7b_ckpt_b1_s8192)
+                mask.append(sliding_mask(prog, w.seq, w.batch, padded=False))
             tables: list[int] = []
             if lora_rec:
                 # the rotary embedding's cos and sin for the batch's positions (one row: position_ids is 1 x seq in

@@ -36,6 +36,20 @@ def _fused_experts(lins: tuple[Linear, ...]) -> list[Linear]:
     return [fused if lin is gate else lin for lin in lins if lin is not up]
 
 
+def _construction_order(model_type: str, lins: list[Linear]) -> list[Linear]:
+    """The linears in the order the model's modules construct them: transformers' Phi3Attention makes o_proj before
+    qkv_proj (h54_qlora_phi4_ckpt_b2_s4096: the 50 MiB o_proj weight comes second, before the 75 MiB qkv_proj)."""
+    if model_type != "phi3":
+        return lins
+    names = [lin.name for lin in lins]
+    if "o_proj" in names and "qkv_proj" in names and names.index("o_proj") > names.index("qkv_proj"):
+        o = lins[names.index("o_proj")]
+        rest = [lin for lin in lins if lin is not o]
+        rest.insert(names.index("qkv_proj"), o)
+        return rest
+    return lins
+
+
 @dataclass
 class Weights:
     trainable: list[Trainable]  # per GPU (FSDP: the shards)
@@ -97,7 +111,7 @@ def load_weights(prog: Program, ctx: Ctx, whole_first: bool = True) -> Weights:
         unit = layer
         dense = layer < spec.dense_layers
         adapted = layer_lora(ctx, layer)
-        for lin in _fused_experts(layer_linears(spec, layer)):
+        for lin in _construction_order(spec.model_type, _fused_experts(layer_linears(spec, layer))):
             numel = lin.in_features * lin.out_features * lin.count
             if quantize and lin.count == 1:  # (an MoE layer's fused experts are not quantized: _linear_weight_bytes)
                 units[unit].append(_linear_weight_bytes(ctx, lin))
