@@ -131,9 +131,9 @@ def block_forward(
         save(T * spec.q_lora_rank * 4, T * spec.q_lora_rank * e)
         linear_in(lins["q_b_proj"], spec.q_lora_rank, False)
     if spec.mla:
-        # kv_a output (compressed latent) -> RMSNorm -> kv_b_proj -> per-head K_nope and V
-        latent = spec.kv_lora_rank + spec.qk_rope_dim
-        save(T * latent * 4, T * latent * e)
+        # kv_a output (compressed latent) -> RMSNorm -> kv_b_proj -> per-head K_nope and V; kv_a_layernorm
+        # normalizes the latent's kv_lora_rank part, split from the rotary part (h55_qlora_deepseekv2lite_b2)
+        save(T * spec.kv_lora_rank * 4, T * spec.kv_lora_rank * e)
         linear_in(lins["kv_b_proj"], spec.kv_lora_rank, False)
         k_width = a * (spec.qk_nope_dim + spec.qk_rope_dim)
         v_width = a * spec.v_head_dim

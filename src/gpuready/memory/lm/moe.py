@@ -137,10 +137,24 @@ def grouped_experts_forward(layer_: Layer, ctx: Ctx, lora: ExpertLora) -> int:
             save(T * h * 4)
         else:
             prog.transient("activations", T * h * 4)
-    if lora.down_rank:
-        prog.transient("activations", down_w)  # the outer ParamWrapper's parametrization, checked once
+    # peft's get_delta_factors: lora_B and lora_A cast to the expert weights' dtype (no copy when that is fp32),
+    # made when the parametrization is first checked and kept by baddbmm for backward; the check builds W + B A
+    # (with B's contiguous copy) and frees it (h55_qlora_deepseekv2lite_b2: 4 + 2.75 MiB for down_proj, 11 + 8 MiB
+    # for gate_up_proj a layer, kept to the backward)
+    down_b, gu_b = h * n * lora.down_rank * p, 2 * i * n * lora.gate_up_rank * p
+
+    def factors_and_check(rank: int, fan_in: int, b_bytes: int, weight: int) -> None:
+        if p != 4:
+            save(b_bytes, b_bytes)
+            save(n * rank * fan_in * p, n * rank * fan_in * p)
+        check = prog.alloc("activations", weight)
+        prog.transient("activations", b_bytes)
+        prog.free(check)
+
+    if lora.down_rank:  # the outer ParamWrapper's parametrization first
+        factors_and_check(lora.down_rank, i, down_b, down_w)
     if lora.gate_up_rank:
-        prog.transient("activations", gu_w)
+        factors_and_check(lora.gate_up_rank, h, gu_b, gu_w)
     gu_trains = full or bool(lora.gate_up_rank)
     down_trains = full or bool(lora.down_rank)
     temps: list[int] = []
@@ -150,6 +164,7 @@ def grouped_experts_forward(layer_: Layer, ctx: Ctx, lora: ExpertLora) -> int:
         temps.append(tmp(S * h * e))
     if lora.gate_up_rank:
         save(gu_w, 0, (), (gu_w,))  # W + B A, kept by grouped_mm; its gradient in backward
+        prog.transient("activations", gu_b)
     elif full:
         layer_.weight_grad(gu_w)
     first = tmp(S * 2 * i * e)
@@ -163,6 +178,7 @@ def grouped_experts_forward(layer_: Layer, ctx: Ctx, lora: ExpertLora) -> int:
         prod = tmp(S * i * e)
     if lora.down_rank:
         save(down_w, 0, (), (down_w,))
+        prog.transient("activations", down_b)
     elif full:
         layer_.weight_grad(down_w)
     first = tmp(S * h * e)
