@@ -377,12 +377,19 @@ def plain_block_forward(
         save(T * width * e)  # down_proj's input, kept for its weight gradient
     else:
         prod = alloc(T * width * e)  # down_proj's input
-    down_out = project("down_proj", width, h, stop=stop_early)
+    if stop_early and "down_proj" not in ctx.lora:
+        # full fine-tuning: down_proj's input is the last tensor the recompute saves, and autograd saves a node's
+        # inputs before its kernel runs, so the recompute stops with no output made (h55_ft_mistral7b_ckpt_b1_s8192)
+        weight_grad("down_proj")
+        down_out = 0
+    else:
+        down_out = project("down_proj", width, h, stop=stop_early)
     if stop_early:
         # the frames unwind: the MLP product, the norm's output, the mid-layer residual
         done_with(prod, "prod")  # (with 16-bit adapters kept by down_proj's and gate/up's lora_A)
         done_with(normed, "post.out")
-        prog.free(resid)
+        if not fp32:  # (in fp32 the next norm keeps it: saved above)
+            prog.free(resid)
         return layer_.finish()
     if prod:
         done_with(prod, "prod")

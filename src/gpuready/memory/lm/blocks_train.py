@@ -25,12 +25,18 @@ from gpuready.models.spec import Linear
 
 
 def block_forward(
-    prog: Program, ctx: Ctx, layer: int, keep: bool, residual_out: list[int] | None = None
+    prog: Program,
+    ctx: Ctx,
+    layer: int,
+    keep: bool,
+    residual_out: list[int] | None = None,
+    recompute: bool = False,
 ) -> list[Saved]:
     """One decoder layer's forward over ctx.tokens tokens. With keep=False (no_grad, or recomputed later by
-    checkpointing) nothing is saved and only the transient peak is simulated."""
+    checkpointing) nothing is saved and only the transient peak is simulated. `recompute`: checkpointing's
+    recompute of the layer for its backward (on the recorded layer: stopped early, plain_block_forward)."""
     if recorded_layer_order(ctx, layer):
-        return plain_block_forward(prog, ctx, layer, keep, residual_out)
+        return plain_block_forward(prog, ctx, layer, keep, residual_out, stop_early=recompute)
     if (
         ctx.spec.model_type == "gpt2"
         and ctx.full

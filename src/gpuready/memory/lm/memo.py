@@ -223,20 +223,25 @@ def _value_key(x: Any) -> Hashable:
 
 
 def layer_forward(
-    memo: SpanMemo, ctx: Ctx, layer: int, keep: bool, residual_out: list[int] | None = None
+    memo: SpanMemo,
+    ctx: Ctx,
+    layer: int,
+    keep: bool,
+    residual_out: list[int] | None = None,
+    recompute: bool = False,
 ) -> list[Saved]:
     """blocks_train.block_forward through the memo; the layer's output handle is appended to `residual_out` when
-    given (the residual stream tensor by tensor), else freed by the layer."""
+    given (the residual stream tensor by tensor), else freed by the layer. `recompute`: checkpointing's recompute."""
     if not memo.enabled or ctx is not memo.ctx:
-        return block_forward(memo.prog, ctx, layer, keep, residual_out=residual_out)
+        return block_forward(memo.prog, ctx, layer, keep, residual_out=residual_out, recompute=recompute)
     given = residual_out is not None
 
     def run() -> tuple[list[int], Any]:
         outs: list[int] | None = [] if given else None
-        saved = block_forward(memo.prog, ctx, layer, keep, residual_out=outs)
+        saved = block_forward(memo.prog, ctx, layer, keep, residual_out=outs, recompute=recompute)
         return [s.handle for s in saved] + (outs or []), (saved, len(saved))
 
-    handles, (saved, n) = memo.call(("forward", keep, given, layer_kind(ctx.spec, layer)), (), run)
+    handles, (saved, n) = memo.call(("forward", keep, given, recompute, layer_kind(ctx.spec, layer)), (), run)
     if residual_out is not None:
         residual_out.extend(handles[n:])
     return _renumbered(saved, handles[:n])

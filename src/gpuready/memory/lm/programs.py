@@ -421,7 +421,9 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 copies = 0
                 if w.grad_ckpt:
                     copies = prog.alloc("autocast_weight_copies", layer_casts // spec.layers) if layer_casts else 0
-                    saved = layer_forward(memo, ctx, layer, keep=True)  # recomputed for its backward
+                    # recomputed for its backward (stopped early under full fine-tuning; the generic LoRA backward
+                    # reads the whole layer's saved list)
+                    saved = layer_forward(memo, ctx, layer, keep=True, recompute=ctx.full)
                 if fsdp:
                     full: list[int] = []
                     block_backward(prog, saved, full, False)
