@@ -690,3 +690,26 @@ def test_a_full_checkpointed_layer_recompute_stops_before_down_proj() -> None:
 
     ours = program_streams(_build(resolve_model(w.model), w))[0]
     assert after_the_product(history_streams(doc)[0]) == after_the_product(ours) == []
+
+
+def test_a_frozen_4bit_shared_expert_runs_in_module_order() -> None:
+    """DeepSeek's shared expert under QLoRA (frozen by peft's expert conversion): each 4-bit weight dequantized
+    while its output is made, gate, silu, up, the product, down (h55_qlora_deepseekv2lite_b2; the program had made
+    the three weights transient before any output, and no product or down_proj weight at all)."""
+    from gpuready.memory.estimate import _build
+    from gpuready.memory.history import StreamEvent, program_streams
+    from gpuready.models import resolve_model
+    from gpuready.workload import workload_from_args
+
+    doc = load_history(HISTORIES / "h55_qlora_deepseekv2lite_b2.json.gz")
+    w = workload_from_args(["deepseek-v2-lite", "--method", "qlora", "--seq", "2048", "--batch", "2"])
+
+    def shared_expert(events: list[StreamEvent]) -> list[tuple[bool, int]]:
+        """The 1 MiB-and-over events from the first 11 MiB weight whose 22 MiB output follows it."""
+        big = [(e.alloc, e.nbytes // MIB) for e in events if e.nbytes >= MIB]
+        start = next(i for i in range(len(big) - 1) if big[i] == (True, 11) and big[i + 1] == (True, 22))
+        return big[start : start + 12]
+
+    ours = shared_expert(program_streams(_build(resolve_model(w.model), w))[0])
+    assert shared_expert(history_streams(doc)[0]) == ours
+    assert [n for alloc, n in ours if alloc] == [11, 22, 22, 11, 22, 22, 11, 16]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from gpuready.memory.lm import nf4
 from gpuready.memory.lm.autograd import Layer, Saved
 from gpuready.memory.lm.blocks_gpt2 import gpt2_block_forward, gpt2_block_forward_autocast
 from gpuready.memory.lm.blocks_recorded import plain_block_forward, recorded_layer_order
@@ -355,6 +356,22 @@ def _shared_expert(layer_: Layer, ctx: Ctx, linear_in: Callable[[Linear, int, bo
     spec, T, e = ctx.spec, ctx.tokens, ctx.dt.act
     s, h = spec.shared_intermediate, spec.hidden
     shared = {lin.name.split(".")[-1]: lin for lin in spec.block_linears if lin.name.startswith("shared_expert")}
+    frozen = {lin.name for lin in shared.values()} & ctx.lora == set()
+    if ctx.w.method == "qlora" and frozen and "down_proj" in shared:
+        # frozen 4-bit linears (peft's expert conversion leaves DeepSeek's shared expert without adapters), each
+        # weight dequantized while its output is made (nf4.forward_output), in the order the module runs them:
+        # gate, silu, up, the product (down_proj's input: frozen, not kept), down (h55_qlora_deepseekv2lite_b2)
+        def frozen_out(name: str, out_bytes: int) -> int:
+            lin = shared[name]
+            return nf4.forward_output(layer_.prog, lin.in_features * lin.out_features, e, out_bytes)
+
+        layer_.keep_handle(frozen_out("gate_proj", T * s * e), T * s * e)  # kept by the activation
+        layer_.save(T * s * e, T * s * e)  # the activation, kept by the product
+        layer_.keep_handle(frozen_out("up_proj", T * s * e), T * s * e, (), (T * s * e,))  # kept by the product
+        product = layer_.alloc(T * s * e)
+        out = frozen_out("down_proj", T * h * e)
+        layer_.prog.free(product)
+        return out
     linear_in(shared["gate_proj"], h, True)
     linear_in(shared["up_proj"], h, True)
     layer_.save(T * s * e, T * s * e)  # gate output, kept by the activation
