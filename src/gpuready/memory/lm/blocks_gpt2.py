@@ -9,6 +9,36 @@ from gpuready.memory.lm.ops import reduce_buffer_bytes
 from gpuready.memory.program import Program
 
 
+def gpt2_embeddings(prog: Program, ctx: Ctx, wte: int, r: int) -> tuple[int, int, int, int]:
+    """GPT-2's embeddings in training, after the token embeddings `wte` (the embedding output): the positions'
+    (alive until the base model returns), their sum (gone once dropout has run), dropout's one-byte mask (kept for
+    its backward) and its output, the residual stream (h38_lora_gpt2m_ckpt_b16 under peft's checkpointing, where
+    the token embeddings are held with the step's graph until the next step's; ft_gpt2xl_sgd otherwise). Returns
+    (wte, wpe, the dropout's mask, the residual stream)."""
+    h, T = ctx.spec.hidden, ctx.tokens
+    wpe = prog.alloc("activations", ctx.w.seq * h * r)
+    summed = prog.alloc("activations", T * h * r)
+    mask = prog.alloc("activations", T * h)
+    x = prog.alloc("activations", T * h * r)
+    prog.free(summed)
+    return wte, wpe, mask, x
+
+
+def gpt2_embeddings_backward(prog: Program, ctx: Ctx, dx: int, mask: int, r: int) -> tuple[int, int]:
+    """Full fine-tuning: the embedding dropout's backward (the residual gradient `dx` and the dropout's `mask` go),
+    then the position embedding's: the gradient summed over the batch ([1, S, h]; none at batch 1), then wpe's
+    .grad (h53_ft_gpt2l_fp32_b4, ft_gpt2xl_sgd, ft_gpt2m_fp16). Returns (the dropout's gradient, which the caller
+    frees once the token embedding's gradient is made; wpe's gradient)."""
+    h, w = ctx.spec.hidden, ctx.w
+    grad = prog.alloc("activations", ctx.tokens * h * r)
+    prog.free(dx)
+    prog.free(mask)
+    summed = prog.alloc("activations", w.seq * h * r) if prog.from_batch(w.batch, 2) else 0
+    pos = prog.alloc("gradients", ctx.spec.learned_positions * h * ctx.dt.param)
+    prog.free(summed)
+    return grad, pos
+
+
 def gpt2_block_forward(prog: Program, ctx: Ctx, keep: bool) -> list[Saved]:
     """GPT-2's block under full fine-tuning without autocast, in the order the recorded H200 history of
     gpt2-medium fp16 (docs/calibration/histories/ft_gpt2m_fp16.json.gz) shows: ln_1's output (kept by c_attn);

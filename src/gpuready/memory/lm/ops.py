@@ -220,6 +220,17 @@ def sliding_mask(prog: Program, seq: int, batch: int, padded: bool) -> int:
     return mask
 
 
+def training_masks(prog: Program, ctx: Ctx) -> list[int]:
+    """The masks a training forward builds after the embedding and keeps until the backward has left the first
+    layer: eager attention's float mask (h45_eager_ckpt_qwen15b_b2, h44_lora_qwen7b_eager_ckpt_b2: the causal
+    boolean, the [B, 1, S, S] mask, the boolean freed), or past a sliding window SDPA's boolean one
+    (h55_ft_mistral7b_ckpt_b1_s8192)."""
+    masks = eager_mask(prog, ctx, ctx.w.batch, ctx.w.seq)
+    if ctx.mask and ctx.backend != "eager":
+        masks.append(sliding_mask(prog, ctx.w.seq, ctx.w.batch, padded=False))
+    return masks
+
+
 def eager_nograd(prog: Program, ctx: Ctx, q_w: int, k_w: int, v_w: int, out_w: int) -> tuple[int, int]:
     """transformers' eager_attention_forward without autograd, in the order it allocates: K and V repeated to
     every head (repeat_kv), q @ k^T, `* scaling`, `+ mask`, softmax in fp32 (with bf16's upcast copy),

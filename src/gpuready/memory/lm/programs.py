@@ -16,6 +16,7 @@ from gpuready.memory.lm.autocast_ckpt import (
     mixed_layer_forward,
 )
 from gpuready.memory.lm.autograd import Saved, block_backward
+from gpuready.memory.lm.blocks_gpt2 import gpt2_embeddings, gpt2_embeddings_backward
 from gpuready.memory.lm.blocks_recorded import recorded_layer_order
 from gpuready.memory.lm.blocks_train import block_forward
 from gpuready.memory.lm.context import make_ctx
@@ -39,10 +40,9 @@ from gpuready.memory.lm.memo import (
 from gpuready.memory.lm.neox import NeoxKept, neox_recorded, neox_train_backward, neox_train_forward
 from gpuready.memory.lm.ops import (
     CUBLAS_WORKSPACE_BYTES,
-    eager_mask,
     embedding_output,
     rotary_tables,
-    sliding_mask,
+    training_masks,
 )
 from gpuready.memory.lm.weights import load_weights
 from gpuready.memory.optimizer import optimizer_step
@@ -138,23 +138,8 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
             x = embedding_output(prog, ctx, T * h * r)  # the residual stream
             wte = wpe = embd_mask = 0
             if gpt2_embed or gpt2_dropout:
-                # GPT-2's embeddings under peft's checkpointing (h38_lora_gpt2m_ckpt_b16): the token embeddings
-                # (held with the step's graph until the next step's), the positions' (until the base model
-                # returns), their sum (gone once dropout has run), dropout's one-byte mask (kept for its backward)
-                # and its output, the residual stream
-                wte = x
-                wpe = prog.alloc("activations", w.seq * h * r)
-                summed = prog.alloc("activations", T * h * r)
-                embd_mask = prog.alloc("activations", T * h)
-                x = prog.alloc("activations", T * h * r)
-                prog.free(summed)
-            # eager attention's float mask, made once per forward after the embedding and kept until the step's
-            # backward has left the first layer (h45_eager_ckpt_qwen15b_b2, h44_lora_qwen7b_eager_ckpt_b2: the
-            # causal boolean, the [B, 1, S, S] mask, the boolean freed)
-            mask = eager_mask(prog, ctx, w.batch, w.seq)
-            if ctx.mask and ctx.backend != "eager":
-                # SDPA's sliding-window mask, made at the same point and kept as long (h55_ft_mistral7b_ckpt_b1_s8192)
-                mask.append(sliding_mask(prog, w.seq, w.batch, padded=False))
+                wte, wpe, embd_mask, x = gpt2_embeddings(prog, ctx, x, r)
+            mask = training_masks(prog, ctx)  # eager attention's float mask or SDPA's sliding-window one
             tables: list[int] = []
             if lora_rec:
                 # the rotary embedding's cos and sin for the batch's positions (one row: position_ids is 1 x seq in
@@ -458,15 +443,8 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
                 prog.free(embd_mask)
                 held = [grad, wte]
             elif gpt2_dropout and ctx.full:
-                # GPT-2's embedding dropout's backward, then the position embedding's: the gradient summed over the
-                # batch ([1, S, h]; none at batch 1), then wpe's .grad; the dropout's gradient goes once the token
-                # embedding's gradient is made, below (h53_ft_gpt2l_fp32_b4, ft_gpt2xl_sgd, ft_gpt2m_fp16)
-                embed_grad = prog.alloc("activations", T * h * r)
-                prog.free(dx)
-                prog.free(embd_mask)
-                summed = prog.alloc("activations", w.seq * h * r) if prog.from_batch(w.batch, 2) else 0
-                pos = prog.alloc("gradients", spec.learned_positions * h * ctx.dt.param)
-                prog.free(summed)
+                # (the dropout's gradient goes once the token embedding's gradient is made, below)
+                embed_grad, pos = gpt2_embeddings_backward(prog, ctx, dx, embd_mask, r)
                 weight_grad_made(pos, accumulate)
             else:
                 prog.free(dx)
