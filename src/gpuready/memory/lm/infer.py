@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from gpuready.memory.lm.blocks_infer import block_nograd
-from gpuready.memory.lm.context import GEMMA_FAMILY, make_ctx
+from gpuready.memory.lm.context import GEMMA_FAMILY, make_ctx, sliding_layer
 from gpuready.memory.lm.loss import (
     Sampler,
     softcap_nograd,
@@ -58,7 +58,7 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
 
     def window(tokens: int, layer: int) -> int:
         # sliding-window layers keep only the window (transformers' DynamicSlidingWindowLayer)
-        if spec.sliding_window and layer < spec.sliding_layers:
+        if spec.sliding_window and sliding_layer(spec, layer):
             return min(tokens, spec.sliding_window)
         return tokens
 
@@ -121,10 +121,17 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
             for layer in range(spec.layers):
                 if full_step:
                     x, _ = block_nograd(prog, decode, x, layer, cache_kv=False, decode=True, context=B * t)
-                for i in (0, 1):
-                    old = cache[2 * layer + i]
+                old = cache[2 * layer : 2 * layer + 2]
+                if sliding_layer(spec, layer):
+                    # DynamicSlidingWindowLayer.update concatenates K and V, then rebinds both: the old two go after
+                    # the new two are made (gen_phi3_b16, h48_gen_gemma3_4b_b8: cache_utils.py:251/252)
+                    for i in (0, 1):
+                        cache[2 * layer + i] = prog.alloc("kv_cache", B * window(t, layer) * kv_tok)
+                    prog.free_all(old)
+                    continue
+                for i in (0, 1):  # DynamicLayer.update: each torch.cat rebinds its tensor at once
                     cache[2 * layer + i] = prog.alloc("kv_cache", B * window(t, layer) * kv_tok)
-                    prog.free(old)
+                    prog.free(old[i])
             prog.free(x)
             sampler.step()
         sampler.finish()
