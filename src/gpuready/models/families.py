@@ -15,7 +15,7 @@ from importlib import resources
 from typing import Any
 
 from gpuready.errors import InputError
-from gpuready.models.spec import ModelSpec, _get, _replace, _req, _with_params
+from gpuready.models.spec import ModelSpec, _get, _replace, _req, _with_params, has_eos_token
 
 FAMILY_TYPES = ("gemma3_text", "qwen3_moe", "qwen2_moe", "gpt_oss", "llama4_text", "deepseek_v3", "gpt_neox")
 
@@ -63,6 +63,7 @@ def family_spec(cfg: dict[str, Any], mtype: str, name: str, source: str) -> Mode
         "intermediate": _req(cfg, "intermediate_size"),
         "family_gaps": unmodelled_features(mtype),
         "max_positions": int(_get(cfg, "max_position_embeddings", default=0) or 0),
+        "eos_token": has_eos_token(cfg, mtype),
     }
     bias: dict[str, bool] = {}
     extra: dict[str, Any]

@@ -86,6 +86,9 @@ class ModelSpec:
     parallel_residual: bool = False  # gpt_neox: x + attn(ln1(x)) + mlp(ln2(x))
     rotary_dims: int = 0  # rotated part of each head (gpt_neox rotary_pct); 0: the whole head
     attn_sinks: bool = False  # gpt-oss: a learned sink per head; transformers runs its eager attention
+    # the config names an end-of-sequence token, so generate(min_new_tokens=...) adds its two minimum-length
+    # processors (has_eos_token)
+    eos_token: bool = True
     # features of this family that the memory program does not model (named in the estimate's assumptions)
     family_gaps: tuple[str, ...] = ()
     # vision
@@ -278,6 +281,7 @@ def _lm_spec(cfg: dict[str, Any], mtype: str, name: str, source: str) -> ModelSp
         qk_rope_dim=int(_get(cfg, "qk_rope_head_dim", default=0)),
         qk_nope_dim=int(_get(cfg, "qk_nope_head_dim", default=0)),
         v_head_dim=int(_get(cfg, "v_head_dim", default=0)),
+        eos_token=has_eos_token(cfg, mtype),
     )
     bias = {
         "qkv": mtype == "qwen2" or bool(cfg.get("attention_bias", False)),
@@ -285,6 +289,22 @@ def _lm_spec(cfg: dict[str, Any], mtype: str, name: str, source: str) -> ModelSp
         "mlp": bool(cfg.get("mlp_bias", False)),
     }
     return _with_params(spec, bias)
+
+
+# transformers 5's config classes that set no default eos_token_id (Qwen2Config, Qwen3Config, Qwen2MoeConfig,
+# Qwen3MoeConfig, GptOssConfig: read on transformers 5.24; LlamaConfig, Phi3Config, MistralConfig, Gemma2/3 and the
+# others default to one). A model built from a config without the key then has no end-of-sequence token.
+NO_DEFAULT_EOS = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gpt_oss")
+
+
+def has_eos_token(cfg: dict[str, Any], model_type: str) -> bool:
+    """Whether a model built from `cfg` has an end-of-sequence token: the config's eos_token_id where it gives
+    one (every hub config does), else its config class's default (NO_DEFAULT_EOS). generate() adds the minimum-length
+    processors only with one (the recorded histories gen_qwen05_b64, gen_qwen3_4b_b64 and h57_gen_qwen3_06b_b128 of
+    presets built without the key have none; gen_llama8b_b8 has them)."""
+    if "eos_token_id" in cfg:
+        return cfg["eos_token_id"] is not None
+    return model_type not in NO_DEFAULT_EOS
 
 
 def block_linears(spec: ModelSpec, bias: dict[str, bool] | None = None) -> tuple[Linear, ...]:

@@ -62,8 +62,12 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
             return min(tokens, spec.sliding_window)
         return tokens
 
+    # generate()'s int64 [B, S] inputs: the caller's input_ids and the attention mask generate() makes for them,
+    # alive to the end; prepare_inputs' position ids for the prefill (the Sampler frees them)
+    given = [prog.alloc("activations", B * S * 8) for _ in range(2)] if w.new_tokens else []
     for _rep in range(1 if w.new_tokens else 2):
         prog.set_phase("prefill")
+        positions = prog.alloc("activations", B * S * 8) if w.new_tokens else 0
         # the model's forward keeps `inputs_embeds` referenced for the whole pass
         embeds = embedding_output(prog, ctx, B * S * h * ctx.dt.resid)
         x = embeds
@@ -103,8 +107,10 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
             prog.free(logits)
             prog.free_all(cache)
             continue
-        sampler = Sampler(prog, B, V, e, spec.logit_softcap)
-        sampler.step()  # generate asks for the last position's logits only
+        sampler = Sampler(
+            prog, B, V, e, spec.logit_softcap, processors=spec.eos_token, row_bytes=B * 8, positions=positions
+        )
+        sampler.step(S + 1)  # generate asks for the last position's logits only
         prog.free(normed)
         prog.set_phase("decode")
         decode = make_ctx(spec, w.model_copy(update={"seq": 1}))
@@ -133,7 +139,8 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
                     cache[2 * layer + i] = prog.alloc("kv_cache", B * window(t, layer) * kv_tok)
                     prog.free(old[i])
             prog.free(x)
-            sampler.step()
+            sampler.step(t + 1)
         sampler.finish()
         prog.free_all(cache)
+        prog.free_all(given)
     return prog

@@ -149,24 +149,54 @@ class Sampler:
     (transformers generation/utils.py `_sample` and logits_process.py): lm_head's output for the last position;
     its fp32 copy `next_token_logits` (kept until the next step's copy replaces it); the two minimum-length
     processors the probe's `min_new_tokens` adds, each a `scores.clone()`-sized fp32 tensor, a torch.where
-    result and an int64 vocabulary index, the last result kept until the next step's processors are done."""
+    result and an int64 vocabulary index, the last result kept until the next step's processors are done.
 
-    def __init__(self, prog: Program, batch: int, vocab: int, act: int, softcap: bool = False) -> None:
+    With `row_bytes` (B x 8: generate()'s int64 [B, L] bookkeeping), each step also grows the two model_kwargs
+    tensors `_update_model_kwargs_for_generation` concatenates (the first's old copy going at once, the second's
+    once lm_head's output has gone) and input_ids (`torch.cat([input_ids, next_tokens])`), and the next forward's
+    mask check makes one more for a moment (`masking_utils.fast_all`); `positions` (prepare_inputs' [B, S] position
+    ids of the prefill) go once lm_head has run. Past 1 MiB these are large-pool blocks, placed in the free tails of
+    the KV cache's segments (h57_gen_qwen3_06b_b128: 1.01 MiB each at 128 x 1034)."""
+
+    def __init__(
+        self,
+        prog: Program,
+        batch: int,
+        vocab: int,
+        act: int,
+        softcap: bool = False,
+        processors: bool = True,
+        row_bytes: int = 0,
+        positions: int = 0,
+    ) -> None:
         self.prog, self.B, self.V, self.e = prog, batch, vocab, act
         self.softcap = softcap
+        self.processors = processors  # the minimum-length processors: only with an end-of-sequence token
+        self.row_bytes = row_bytes
+        self.positions = positions
         self.logits_copy = 0
         self.scores = 0
+        self.kwargs = [0, 0]
+        self.ids = 0
 
-    def step(self) -> None:
+    def step(self, tokens: int = 0) -> None:
+        """One step's sampling; `tokens`: the sequence length once this step's token is appended."""
         prog, B, V = self.prog, self.B, self.V
         out = prog.alloc("logits_and_loss", B * V * self.e)
         if self.softcap:
             out = softcap_nograd(prog, out, B * V * self.e)
+        rows = self.row_bytes * tokens
+        grown = [0, 0]
+        if rows:
+            prog.free(self.positions)
+            self.positions = 0
+            grown = [prog.alloc("activations", rows), prog.alloc("activations", rows)]
+            prog.free(self.kwargs[0])
         copy = prog.alloc("logits_and_loss", B * V * 4)
         prog.free(self.logits_copy)
         self.logits_copy = copy
         result = 0
-        for _ in range(2):
+        for _ in range(2 if self.processors else 0):
             t = prog.alloc("logits_and_loss", B * V * 4)
             index = prog.alloc("logits_and_loss", V * 8)
             new = prog.alloc("logits_and_loss", B * V * 4)
@@ -176,8 +206,18 @@ class Sampler:
             result = new
         prog.free(self.scores)
         self.scores = result
+        if rows:
+            ids = prog.alloc("activations", rows)
+            prog.free(self.ids)
+            self.ids = ids
         prog.free(out)
+        if rows:
+            prog.free(self.kwargs[1])
+            self.kwargs = grown
+            prog.transient("activations", rows)
 
     def finish(self) -> None:
         self.prog.free(self.logits_copy)
         self.prog.free(self.scores)
+        self.prog.free_all(self.kwargs)
+        self.prog.free(self.ids)
