@@ -429,7 +429,12 @@ def assumptions(
             if w.grad_ckpt:
                 out.append("gradient checkpointing: each layer's input kept, the layer recomputed in backward")
         elif w.new_tokens:
-            out.append("generate(): KV cache grown by torch.cat each step (DynamicCache); last-position logits")
+            out.append(
+                "generate(): KV cache grown by torch.cat each step (DynamicCache); last-position logits; greedy "
+                "decoding to the full --new-tokens"
+                + (" (min_new_tokens' two processors)" if spec.eos_token else "")
+                + "; sampling's processors (temperature, top-k, top-p's sort of the logits) are not counted"
+            )
         else:
             out.append("one forward pass with use_cache=True over the whole prompt; logits for every position")
         if spec.experts:
