@@ -9,19 +9,19 @@ from gpuready.memory.lm.ops import reduce_buffer_bytes
 from gpuready.memory.program import Program
 
 
-def gpt2_embeddings(prog: Program, ctx: Ctx, wte: int, r: int) -> tuple[int, int, int, int]:
-    """GPT-2's embeddings in training, after the token embeddings `wte` (the embedding output): the positions'
-    (alive until the base model returns), their sum (gone once dropout has run), dropout's one-byte mask (kept for
-    its backward) and its output, the residual stream (h38_lora_gpt2m_ckpt_b16 under peft's checkpointing, where
-    the token embeddings are held with the step's graph until the next step's; ft_gpt2xl_sgd otherwise). Returns
-    (wte, wpe, the dropout's mask, the residual stream)."""
+def gpt2_embeddings(prog: Program, ctx: Ctx, r: int) -> tuple[int, int, int]:
+    """GPT-2's embeddings in training, after the token embeddings (the embedding output): the positions' (alive
+    until the base model returns), their sum (gone once dropout has run), dropout's one-byte mask (kept for its
+    backward) and its output, the residual stream (h38_lora_gpt2m_ckpt_b16 under peft's checkpointing, where the
+    token embeddings are held with the step's graph until the next step's; ft_gpt2xl_sgd otherwise). Returns
+    (wpe, the dropout's mask, the residual stream)."""
     h, T = ctx.spec.hidden, ctx.tokens
     wpe = prog.alloc("activations", ctx.w.seq * h * r)
     summed = prog.alloc("activations", T * h * r)
     mask = prog.alloc("activations", T * h)
     x = prog.alloc("activations", T * h * r)
     prog.free(summed)
-    return wte, wpe, mask, x
+    return wpe, mask, x
 
 
 def gpt2_embeddings_backward(prog: Program, ctx: Ctx, dx: int, mask: int, r: int) -> tuple[int, int]:

@@ -356,7 +356,7 @@ def _shared_expert(layer_: Layer, ctx: Ctx, linear_in: Callable[[Linear, int, bo
     spec, T, e = ctx.spec, ctx.tokens, ctx.dt.act
     s, h = spec.shared_intermediate, spec.hidden
     shared = {lin.name.split(".")[-1]: lin for lin in spec.block_linears if lin.name.startswith("shared_expert")}
-    frozen = {lin.name for lin in shared.values()} & ctx.lora == set()
+    frozen = not {lin.name for lin in shared.values()} & ctx.lora
     if ctx.w.method == "qlora" and frozen and "down_proj" in shared:
         # frozen 4-bit linears (peft's expert conversion leaves DeepSeek's shared expert without adapters), each
         # weight dequantized while its output is made (nf4.forward_output), in the order the module runs them:

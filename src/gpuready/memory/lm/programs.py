@@ -138,7 +138,8 @@ def train_program(spec: ModelSpec, w: Workload, *, meta_init: bool = False) -> P
             x = embedding_output(prog, ctx, T * h * r)  # the residual stream
             wte = wpe = embd_mask = 0
             if gpt2_embed or gpt2_dropout:
-                wte, wpe, embd_mask, x = gpt2_embeddings(prog, ctx, x, r)
+                wte = x
+                wpe, embd_mask, x = gpt2_embeddings(prog, ctx, r)
             mask = training_masks(prog, ctx)  # eager attention's float mask or SDPA's sliding-window one
             tables: list[int] = []
             if lora_rec:

@@ -41,13 +41,7 @@ def _construction_order(model_type: str, lins: list[Linear]) -> list[Linear]:
     qkv_proj (h54_qlora_phi4_ckpt_b2_s4096: the 50 MiB o_proj weight comes second, before the 75 MiB qkv_proj)."""
     if model_type != "phi3":
         return lins
-    names = [lin.name for lin in lins]
-    if "o_proj" in names and "qkv_proj" in names and names.index("o_proj") > names.index("qkv_proj"):
-        o = lins[names.index("o_proj")]
-        rest = [lin for lin in lins if lin is not o]
-        rest.insert(names.index("qkv_proj"), o)
-        return rest
-    return lins
+    return sorted(lins, key=lambda lin: lin.name != "o_proj")  # (stable: the rest keep their order)
 
 
 @dataclass
