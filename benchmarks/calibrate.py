@@ -41,7 +41,7 @@ def job_id(w: Workload) -> str:
     parts = [prefix, w.model, w.precision + ("_autocast" if w.autocast else ""), f"b{w.batch}"]
     parts.append(f"img{w.image_size}" if w.model.startswith(("resnet", "vit")) else f"s{w.seq}")
     if w.new_tokens:
-        parts.append(f"n{w.new_tokens}")
+        parts.append(f"n{w.new_tokens}" + ("_sample" if w.decoding == "sample" else ""))
     if w.method != "full":
         parts.append(
             f"r{w.lora_r}" + ("_bf16lora" if w.lora_dtype == "bf16" else "") + ("_kbitprep" if w.kbit_prep else "")

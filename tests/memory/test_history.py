@@ -720,3 +720,49 @@ def test_a_frozen_4bit_shared_expert_runs_in_module_order() -> None:
     ours = shared_expert(program_streams(_build(resolve_model(w.model), w))[0])
     assert shared_expert(history_streams(doc)[0]) == ours
     assert [n for alloc, n in ours if alloc] == [11, 22, 22, 11, 22, 22, 11, 16]
+
+
+def _decode_peak_allocated(events: list, first_label: str) -> int:
+    """The most bytes allocated at once from the first allocation whose label has `first_label` on."""
+    live, peak, started = 0, 0, False
+    for ev in events:
+        live += ev.nbytes if ev.alloc else -ev.nbytes
+        started = started or (ev.alloc and first_label in ev.label)
+        if started:
+            peak = max(peak, live)
+    return peak
+
+
+@pytest.mark.parametrize(
+    ("name", "job"),
+    [
+        # session 18: generate(do_sample=True) with temperature, top-k 50 and top-p 0.9 (--decoding sample): the
+        # warpers' fp32 scores, top-p's torch.sort (values, int64 indices and cub's scratch: about 44 bytes per
+        # vocabulary entry and row at once), softmax's probabilities kept to the next step, multinomial's scratch.
+        # Greedy's program is 144-405 MiB short of these decode peaks; the prefill sets each job's own peak
+        ("h58_gen_sample_qwen25_05b_b32", "qwen2.5-0.5b --task infer --seq 512 --batch 32 --new-tokens 128"),
+        ("h59_gen_sample_qwen3_4b_b64", "qwen3-4b --task infer --seq 1024 --batch 64 --new-tokens 64"),
+        (
+            "h60_gen_sample_llama1b_fp16_b32",
+            "llama-3.2-1b --task infer --seq 512 --batch 32 --new-tokens 64 --precision fp16",
+        ),
+        ("h61_gen_sample_gemma2_2b_b16", "gemma-2-2b --task infer --seq 1024 --batch 16 --new-tokens 64"),
+    ],
+)
+def test_sampling_warpers_follow_their_histories(name: str, job: str) -> None:
+    from gpuready.memory.estimate import _build
+    from gpuready.models import resolve_model
+    from gpuready.workload import workload_from_args
+
+    doc = load_history(HISTORIES / f"{name}.json.gz")
+    recorded = _decode_peak_allocated(history_streams(doc, 1)[0], "_sample@utils.py:3042")
+    peaks = {}
+    for decoding in ("greedy", "sample"):
+        w = workload_from_args([*job.split(), "--decoding", decoding])
+        prog = _build(resolve_model(w.model), w)
+        peaks[decoding] = prog.phase_peaks["decode"]
+        if decoding == "sample":
+            compute = compare_program(doc, prog)[0]
+            assert compute.program_reserved_bytes == pytest.approx(compute.history_reserved_bytes, rel=0.002)
+    assert peaks["sample"] == pytest.approx(recorded, abs=2 * MIB)
+    assert recorded - peaks["greedy"] > 100 * MIB

@@ -35,6 +35,13 @@ _WORKLOAD_PARAMS: list[tuple[str, Any]] = [
         Annotated[int | None, typer.Option(help="tokens per sequence (prompt for infer) [default: 2048]")],
     ),
     ("new_tokens", Annotated[int | None, typer.Option(help="tokens generated per sequence [default: 0]")]),
+    (
+        "decoding",
+        Annotated[
+            str | None,
+            typer.Option(help="generation: greedy, or sample (temperature, top-k, top-p) [default: greedy]"),
+        ],
+    ),
     ("image_size", Annotated[int | None, typer.Option(help="pixels per side, vision [default: 224]")]),
     ("precision", Annotated[str | None, typer.Option(help="bf16, fp16, fp32 or mixed [default: bf16]")]),
     (

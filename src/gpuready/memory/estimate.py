@@ -429,11 +429,17 @@ def assumptions(
             if w.grad_ckpt:
                 out.append("gradient checkpointing: each layer's input kept, the layer recomputed in backward")
         elif w.new_tokens:
+            decoding = (
+                "sampling (--decoding sample: temperature, top-k and top-p, whose sort of the fp32 logits holds "
+                "about 44 bytes per vocabulary entry and row at once, then softmax and multinomial)"
+                if w.decoding == "sample"
+                else "greedy decoding (--decoding sample adds sampling's warpers: top-p sorts the fp32 logits)"
+            )
             out.append(
-                "generate(): KV cache grown by torch.cat each step (DynamicCache); last-position logits; greedy "
-                "decoding to the full --new-tokens"
+                "generate(): KV cache grown by torch.cat each step (DynamicCache); last-position logits; "
+                + decoding
+                + " to the full --new-tokens"
                 + (" (min_new_tokens' two processors)" if spec.eos_token else "")
-                + "; sampling's processors (temperature, top-k, top-p's sort of the logits) are not counted"
             )
         else:
             out.append("one forward pass with use_cache=True over the whole prompt; logits for every position")

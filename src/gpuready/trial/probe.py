@@ -40,6 +40,7 @@ from gpuready.trial.probe_memory import (
     under_torchrun,
     write_history,
 )
+from gpuready.workload.spec import SAMPLING
 
 # Steps per job as calibration/README.md measures them; GPUREADY_PROBE_STEPS overrides (timing studies).
 LM_STEPS = int(os.environ.get("GPUREADY_PROBE_STEPS", "3"))
@@ -367,10 +368,13 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
             elif int(w["new_tokens"]) > 0:
                 result["phase"] = "generate"
                 n = int(w["new_tokens"])
+                decoding: dict[str, Any] = {"do_sample": False}
+                if w.get("decoding", "greedy") == "sample":
+                    decoding = {"do_sample": True, **SAMPLING}
 
                 def step() -> None:
                     with torch.no_grad(), _autocast(torch, w):
-                        model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+                        model.generate(ids, max_new_tokens=n, min_new_tokens=n, **decoding)
 
                 count = 1
                 per_step = batch * n

@@ -20,6 +20,11 @@ Method = Literal["full", "lora", "qlora"]
 Precision = Literal["bf16", "fp16", "fp32", "mixed"]
 Optim = Literal["adamw", "adamw8bit", "sgd", "adafactor"]
 Attn = Literal["sdpa", "eager", "flash"]
+Decoding = Literal["greedy", "sample"]
+# --decoding sample: generate(do_sample=True, ...) with these, the warpers a sampling generation_config names (Llama
+# 3.1's: temperature 0.6, top_p 0.9, with GenerationConfig's default top_k 50). Memory depends on which warpers run
+# (and top_k's k), not on the values.
+SAMPLING: dict[str, float | int] = {"temperature": 0.6, "top_k": 50, "top_p": 0.9}
 LoraDtype = Literal["fp32", "bf16"]
 Shard = Literal["none", "ddp", "fsdp", "zero1", "zero2", "zero3"]
 
@@ -33,6 +38,7 @@ DEFAULTS: dict[str, Any] = {
     "batch": 1,
     "seq": 2048,
     "new_tokens": 0,
+    "decoding": "greedy",  # generate()'s: greedy, or sampling with temperature, top-k and top-p
     "image_size": 224,
     "precision": "bf16",
     "autocast": False,  # the HF Trainer's bf16/fp16 switch over 16-bit weights (mixed already runs under autocast)
@@ -54,6 +60,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "precision": get_args(Precision),
     "optim": get_args(Optim),
     "attn": get_args(Attn),
+    "decoding": get_args(Decoding),
     "lora_dtype": get_args(LoraDtype),
     "shard": get_args(Shard),
 }
@@ -177,6 +184,7 @@ class Workload:
     batch: int
     seq: int
     new_tokens: int
+    decoding: Decoding
     image_size: int
     precision: Precision
     autocast: bool
@@ -441,7 +449,7 @@ def describe(w: Workload) -> str:
     vision = preset is not None and preset.config.get("model_type") in ("resnet", "vit")
     parts += [f"batch {w.batch}", f"{w.image_size} px" if vision else f"seq {w.seq}"]
     if w.task == "infer" and w.new_tokens:
-        parts.append(f"+{w.new_tokens} new tokens")
+        parts.append(f"+{w.new_tokens} new tokens" + (" sampled" if w.decoding == "sample" else ""))
     parts.append(f"{w.precision} under autocast" if w.autocast else w.precision)
     if w.task == "train":
         parts.append(w.optim)

@@ -56,6 +56,8 @@ def does_not_apply(spec: ModelSpec, workload: Workload, variable: str) -> str | 
         return "lora_r is the adapters' rank, for --method lora or qlora"
     if variable == "grad_accum" and not workload.training:
         return "grad_accum is for training"
+    if variable == "decoding" and (workload.training or vision or not workload.new_tokens):
+        return "decoding is how generated tokens are chosen, for --task infer with --new-tokens"
     return None
 
 
@@ -74,7 +76,7 @@ def check_workload(w: Workload, spec: ModelSpec | None = None) -> CheckedWorkloa
             raise InputError(
                 "--lora-targets", f"{', '.join(unknown)} not in {spec.name}; allowed: {', '.join(allowed)}"
             )
-    for name in ("image_size", "seq", "new_tokens", "lora_r", "grad_accum"):
+    for name in ("image_size", "seq", "new_tokens", "lora_r", "grad_accum", "decoding"):
         why = does_not_apply(spec, w, name) if name in w.model_fields_set else None
         if why and not (name == "lora_r" and w.method == "full"):  # (that one has its own warning above)
             warnings.append(f"--{name.replace('_', '-')}: ignored: {why}")

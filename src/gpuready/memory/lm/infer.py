@@ -108,7 +108,15 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
             prog.free_all(cache)
             continue
         sampler = Sampler(
-            prog, B, V, e, spec.logit_softcap, processors=spec.eos_token, row_bytes=B * 8, positions=positions
+            prog,
+            B,
+            V,
+            e,
+            spec.logit_softcap,
+            processors=spec.eos_token,
+            row_bytes=B * 8,
+            positions=positions,
+            sample=w.decoding == "sample",
         )
         sampler.step(S + 1)  # generate asks for the last position's logits only
         prog.free(normed)

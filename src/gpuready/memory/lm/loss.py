@@ -4,6 +4,7 @@ logits to fp32), and generate()'s sampling.
 
 from __future__ import annotations
 
+from gpuready.memory.lm import sampling
 from gpuready.memory.lm.context import Ctx
 from gpuready.memory.lm.ops import norm_backward_frozen, reduce_buffer_bytes
 from gpuready.memory.program import Program
@@ -156,7 +157,10 @@ class Sampler:
     once lm_head's output has gone) and input_ids (`torch.cat([input_ids, next_tokens])`), and the next forward's
     mask check makes one more for a moment (`masking_utils.fast_all`); `positions` (prepare_inputs' [B, S] position
     ids of the prefill) go once lm_head has run. Past 1 MiB these are large-pool blocks, placed in the free tails of
-    the KV cache's segments (h57_gen_qwen3_06b_b128: 1.01 MiB each at 128 x 1034)."""
+    the KV cache's segments (h57_gen_qwen3_06b_b128: 1.01 MiB each at 128 x 1034).
+
+    With `sample` (--decoding sample), the processors' result (else the copy) goes through the sampling warpers, and
+    softmax's probabilities are kept until the next step's (lm/sampling.py)."""
 
     def __init__(
         self,
@@ -168,6 +172,7 @@ class Sampler:
         processors: bool = True,
         row_bytes: int = 0,
         positions: int = 0,
+        sample: bool = False,
     ) -> None:
         self.prog, self.B, self.V, self.e = prog, batch, vocab, act
         self.softcap = softcap
@@ -178,6 +183,8 @@ class Sampler:
         self.scores = 0
         self.kwargs = [0, 0]
         self.ids = 0
+        self.sample = sample  # --decoding sample: the warpers, softmax and multinomial (lm/sampling.py)
+        self.probs = 0
 
     def step(self, tokens: int = 0) -> None:
         """One step's sampling; `tokens`: the sequence length once this step's token is appended."""
@@ -204,8 +211,12 @@ class Sampler:
             prog.free(index)
             prog.free(result)
             result = new
+        if self.sample:
+            result = sampling.warp(prog, B, V, result or copy, owned=bool(result))
         prog.free(self.scores)
         self.scores = result
+        if self.sample:
+            self.probs = sampling.draw(prog, B, V, self.probs)
         if rows:
             ids = prog.alloc("activations", rows)
             prog.free(self.ids)
@@ -219,5 +230,6 @@ class Sampler:
     def finish(self) -> None:
         self.prog.free(self.logits_copy)
         self.prog.free(self.scores)
+        self.prog.free(self.probs)
         self.prog.free_all(self.kwargs)
         self.prog.free(self.ids)
