@@ -148,6 +148,8 @@ def test_lora_on_a_vision_model_is_refused(capsys: pytest.CaptureFixture[str]) -
         (["vit_b_16", "--task", "infer", "--new-tokens", "5"], "--new-tokens"),
         (["llama-3.2-1b", "--new-tokens", "5"], "--new-tokens"),
         (["llama-3.2-1b", "--task", "infer", "--grad-accum", "4"], "--grad-accum"),
+        (["llama-3.2-1b", "--decoding", "sample"], "--decoding"),
+        (["llama-3.2-1b", "--task", "infer", "--decoding", "sample"], "--decoding"),
     ],
 )
 def test_a_flag_with_no_effect_on_the_job_warns(capsys: pytest.CaptureFixture[str], args: list[str], flag: str) -> None:
@@ -467,3 +469,17 @@ def test_progress_counts_files_as_files_not_bytes() -> None:
     assert progress_amount("listing", 6, 6) == "6/6 files"
     assert progress_amount("hashing small files", 1200, 20000) == "1,200/20,000 files"
     assert progress_amount("full hash", 1_500_000, 3_000_000) == "1.5 MB/3.0 MB"
+
+
+def test_sampling_is_a_decoding_that_costs_more_than_greedy(capsys: pytest.CaptureFixture[str]) -> None:
+    job = ["qwen2.5-0.5b", "--task", "infer", "--seq", "128", "--batch", "256", "--new-tokens", "16", "--json"]
+    peaks = {}
+    for decoding in ("greedy", "sample"):
+        code, out, _ = run(capsys, "estimate", *job, "--decoding", decoding)
+        doc = json.loads(out)
+        assert code == 0 and any(decoding in line for line in doc["assumptions"]), doc["assumptions"]
+        peaks[decoding] = doc["peak_allocated_bytes"]
+    # top-p's sort of 256 x 151,936 fp32 logits: values, int64 indices, cub's segmented-sort scratch (held-out set 52)
+    assert peaks["sample"] - peaks["greedy"] > 256 * 151_936 * 16
+    code, _, err = run(capsys, "estimate", *job, "--decoding", "beam")
+    assert code == 2 and err.count("\n") == 1 and "--decoding" in err and "sample" in err, err

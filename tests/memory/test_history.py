@@ -514,6 +514,14 @@ def test_adamw8bit_states_are_the_recorded_requests_in_order() -> None:
         # check's copy) takes the free tails of the KV cache's segments once past 1 MiB; a preset built without an
         # eos_token_id (Qwen's config classes have no default) gets no minimum-length processors: -2.4% before
         ("h57_gen_qwen3_06b_b128", "qwen3-0.6b --task infer --seq 1024 --batch 128 --new-tokens 64 --precision bf16"),
+        # session 18: generate()'s attention mask inferred from the padding where the model has an end-of-sequence
+        # token (three more int64 [B, S] temporaries), and its position ids kept to the end; past 1 MiB they take
+        # large-pool blocks ahead of the prefill (max-batch set 33: 176 predicted on 24 GiB where 175 ran; 22.05 GiB
+        # reserved uncapped where the GPU reserved 24.11)
+        (
+            "h66_gen_sample_llama1b_b176",
+            "llama-3.2-1b --task infer --seq 1024 --batch 176 --new-tokens 64 --precision bf16 --decoding sample",
+        ),
     ],
 )
 def test_held_out_misses_follow_their_histories(name: str, job: str) -> None:
@@ -747,6 +755,11 @@ def _decode_peak_allocated(events: list, first_label: str) -> int:
             "llama-3.2-1b --task infer --seq 512 --batch 32 --new-tokens 64 --precision fp16",
         ),
         ("h61_gen_sample_gemma2_2b_b16", "gemma-2-2b --task infer --seq 1024 --batch 16 --new-tokens 64"),
+        # torch.sort's other two paths: 128 rows and more (cub's segmented sort: 12 bytes an element fewer than the
+        # full sort, held-out set 52's +2.8 ... +11.3% on the allocated peak before), and one row
+        ("h62_gen_sample_qwen25_05b_b256", "qwen2.5-0.5b --task infer --seq 128 --batch 256 --new-tokens 16"),
+        ("h63_gen_sample_gemma3_1b_b128", "gemma-3-1b --task infer --seq 128 --batch 128 --new-tokens 16"),
+        ("h64_gen_sample_qwen3_06b_b1", "qwen3-0.6b --task infer --seq 512 --batch 1 --new-tokens 16"),
     ],
 )
 def test_sampling_warpers_follow_their_histories(name: str, job: str) -> None:
@@ -765,4 +778,4 @@ def test_sampling_warpers_follow_their_histories(name: str, job: str) -> None:
             compute = compare_program(doc, prog)[0]
             assert compute.program_reserved_bytes == pytest.approx(compute.history_reserved_bytes, rel=0.002)
     assert peaks["sample"] == pytest.approx(recorded, abs=2 * MIB)
-    assert recorded - peaks["greedy"] > 100 * MIB
+    assert recorded - peaks["greedy"] > 5 * MIB

@@ -45,6 +45,37 @@ def decode_lengths(steps: int) -> list[int]:
     return list(range(1, DECODE_EXACT + 1)) + [DECODE_EXACT + -(-k * rest // coarse) for k in range(1, coarse + 1)]
 
 
+def generation_inputs(prog: Program, tokens: int, pad: bool) -> list[int]:
+    """generate()'s [B, S] int64 inputs before the prefill, as the recorded history h66_gen_sample_llama1b_b176 shows
+    them (transformers 5.17 generation/utils.py): the caller's input_ids; the attention mask, torch.ones, which with a
+    pad token (generate() takes the end-of-sequence token as pad where the config names none) is inferred from the
+    padding instead: `ids.ne(pad).long() * can_infer + ones * ~can_infer`, three int64 temporaries besides (and
+    one-byte ones: isin's, ne's); then position ids, `mask.long().cumsum(-1) - 1` with masked_fill (the cumsum and the
+    difference go). Past 1 MiB (batch x prompt >= 131,072 tokens) these are large-pool blocks. Returns the three kept
+    to the end: input_ids, mask, position ids."""
+    ids = prog.alloc("activations", tokens * 8)
+    mask = prog.alloc("activations", tokens * 8)  # torch.ones (utils.py:918)
+    if pad:
+        isin = [prog.alloc("activations", tokens) for _ in range(3)]  # isin_mps_friendly(ids, pad).any()
+        prog.free(isin[2])
+        prog.free(isin[1])
+        prog.free(isin[0])
+        ne = prog.alloc("activations", tokens)
+        padding = prog.alloc("activations", tokens * 8)  # .long() (931)
+        prog.free(ne)
+        terms = [prog.alloc("activations", tokens * 8) for _ in range(3)]  # the products and their sum (934)
+        prog.free_all([terms[0], terms[1], mask, padding])
+        mask = terms[2]
+    cumsum = prog.alloc("activations", tokens * 8)  # _prepare_position_ids_for_generation (892-894)
+    less = prog.alloc("activations", tokens * 8)
+    prog.free(cumsum)
+    zero = prog.alloc("activations", tokens)
+    positions = prog.alloc("activations", tokens * 8)
+    prog.free(zero)
+    prog.free(less)
+    return [ids, mask, positions]
+
+
 def infer_program(spec: ModelSpec, w: Workload) -> Program:
     """generate() (prefill, then one token per step into a DynamicCache grown by torch.cat), or with
     --new-tokens 0 two plain forward passes with use_cache=True over the prompt."""
@@ -62,9 +93,10 @@ def infer_program(spec: ModelSpec, w: Workload) -> Program:
             return min(tokens, spec.sliding_window)
         return tokens
 
-    # generate()'s int64 [B, S] inputs: the caller's input_ids and the attention mask generate() makes for them,
-    # alive to the end; prepare_inputs' position ids for the prefill (the Sampler frees them)
-    given = [prog.alloc("activations", B * S * 8) for _ in range(2)] if w.new_tokens else []
+    # generate()'s int64 [B, S] inputs: the caller's input_ids, the attention mask and position ids generate() makes
+    # for them, alive to the end (generation_inputs); prepare_inputs' position ids for the prefill (the Sampler frees
+    # them)
+    given = generation_inputs(prog, B * S, spec.eos_token) if w.new_tokens else []
     for _rep in range(1 if w.new_tokens else 2):
         prog.set_phase("prefill")
         positions = prog.alloc("activations", B * S * 8) if w.new_tokens else 0

@@ -1,8 +1,8 @@
-"""generate()'s sampling warpers (`--decoding sample`), as the recorded H200 histories h58-h61 show them (transformers
+"""generate()'s sampling warpers (`--decoding sample`), as the recorded H200 histories h58-h64 show them (transformers
 5.17 logits_process.py, torch 2.11): temperature, top-k and top-p over the step's fp32 scores, then softmax and
-torch.multinomial. The sizes are multiples of N = batch x vocabulary (fp32 scores: 4N bytes); the two scratch
-buffers of top-p's torch.sort (cub's radix sort) are measured linear fits, each within 512 bytes on the four
-histories (N from 4.10 to 9.72 million).
+torch.multinomial. The sizes are multiples of N = batch x vocabulary (fp32 scores: 4N bytes); top-p's torch.sort
+takes one of three paths by the rows (sort_scratch), whose cub scratch is 12 bytes an element + 255 from 128 rows and
+measured linear fits below (each within 512 bytes on the histories, N from 152 thousand to 9.72 million).
 """
 
 from __future__ import annotations
@@ -13,12 +13,20 @@ from gpuready.memory.program import Program
 from gpuready.memory.template import Batch, PerBatch
 from gpuready.workload.spec import SAMPLING
 
-# torch.sort's scratch, bytes = a * N + c: the larger holds the keys' and values' double buffers (12 bytes an element)
-# with the radix passes' counters, the smaller the segment pass's (h58-h61: 49,940,991 ... 118,547,967 and
-# 731,647 ... 1,732,095 bytes)
+# cub's radix-sort scratch for fp32 keys with 8-byte values, bytes = a * N + c: the keys' and values' double buffers
+# (12 bytes an element) with the passes' counters (h58-h61: 49,940,991 ... 118,547,967 bytes; h64's one row of
+# 151,936: 1,861,631, the fit 1,861,417), and the sort by row's after it (731,647 ... 1,732,095)
 SORT_SCRATCH = (12.19045, 9257)
 SORT_SCRATCH_SMALL = (0.1778, 3248)
-TOPK_SELECT = 393_216  # top-k's radix select scratch: 384 KiB, + 512 bytes a row at most (h58, h59)
+# top-k's radix select scratch: 384 KiB + 512 bytes a row, 5 KiB a row from 128 rows (h58-h64: 76 KiB at one row of
+# 151,936, 384-416 KiB at 16-64 rows, 1 MiB at 128 rows of 262,144, 1.25 MiB at 256 rows of 151,936)
+TOPK_SELECT = 393_216
+
+
+def topk_select(prog: Program, rows: Any) -> Any:
+    """top-k's radix select scratch for `rows` (TOPK_SELECT's fit, 5 KiB a row from 128 rows: with the rows a template
+    symbol, the template holds from there)."""
+    return 5120 * rows if prog.from_batch(rows, 128) else TOPK_SELECT + 512 * rows
 
 
 class _ScratchAt:
@@ -52,7 +60,7 @@ def warp(prog: Program, batch: int, vocab: int, scores: int, owned: bool) -> int
     values = prog.alloc("logits_and_loss", B * k * 4)
     indices = prog.alloc("logits_and_loss", B * k * 8)
     select = [
-        prog.alloc("logits_and_loss", n) for n in (B * 4, B * 8, B * 8, TOPK_SELECT + 512 * B, B * 1024, 3328, 3328)
+        prog.alloc("logits_and_loss", n) for n in (B * 4, B * 8, B * 8, topk_select(prog, B), B * 1024, 3328, 3328)
     ]
     for _ in range(2):
         prog.transient("logits_and_loss", 1279)
@@ -64,18 +72,11 @@ def warp(prog: Program, batch: int, vocab: int, scores: int, owned: bool) -> int
     kept = prog.alloc("logits_and_loss", 4 * N)
     prog.free(mask)
     prog.free(t)
-    # TopPLogitsWarper (528-538): torch.sort's values and int64 indices, with its scratch (two 8N, a 4N, cub's);
-    # softmax then cumsum; two bool masks (<= 1 - top_p, and scattered back); masked_fill
+    # TopPLogitsWarper (528-538): torch.sort's values and int64 indices, with its scratch (sort_scratch); softmax then
+    # cumsum; two bool masks (<= 1 - top_p, and scattered back); masked_fill
     sorted_values = prog.alloc("logits_and_loss", 4 * N)
     sorted_indices = prog.alloc("logits_and_loss", 8 * N)
-    a = prog.alloc("logits_and_loss", 8 * N)
-    b = prog.alloc("logits_and_loss", 8 * N)
-    c = prog.alloc("logits_and_loss", 4 * N)
-    prog.transient("logits_and_loss", _scratch(B, vocab, SORT_SCRATCH))
-    prog.free(c)
-    prog.transient("logits_and_loss", _scratch(B, vocab, SORT_SCRATCH_SMALL))
-    prog.free(b)
-    prog.free(a)
+    sort_scratch(prog, B, vocab)
     soft = prog.alloc("logits_and_loss", 4 * N)
     cumulative = prog.alloc("logits_and_loss", 4 * N)
     prog.free(soft)
@@ -84,6 +85,35 @@ def warp(prog: Program, batch: int, vocab: int, scores: int, owned: bool) -> int
     out = prog.alloc("logits_and_loss", 4 * N)
     prog.free_all([sorted_values, sorted_indices, cumulative, below, scattered, kept])
     return out
+
+
+def sort_scratch(prog: Program, rows: Any, vocab: int) -> None:
+    """torch.sort's scratch for `rows` x `vocab` fp32 values along the last dimension (aten/src/ATen/native/cuda/
+    SortStable.cu chooses by the rows): from 128 rows cub's segmented radix sort (an int64 index per element, and cub's
+    scratch, 12 bytes an element + 255: h62, h63); 2-127 rows a full sort of (value, index and row) pairs then a sort
+    by row (two int2 per element, the keys' copy, cub's radix-sort scratch, then the row sort's: h58-h61); one row, a
+    radix sort of the row (an index per entry, cub's scratch: h64). With the rows a template symbol, the template holds
+    from 128 rows (Program.from_batch) and the builders make the smaller batches. (Past 2^31 elements ATen sorts in
+    chunks of whole rows, each with its own scratch; this counts one chunk of them all, which is more.)"""
+    n = rows * vocab
+    if prog.from_batch(rows, 128):
+        reverse = prog.alloc("logits_and_loss", 8 * n)
+        prog.transient("logits_and_loss", 12 * n + 255)
+        prog.free(reverse)
+    elif rows >= 2 and vocab < 1_000_000:
+        a = prog.alloc("logits_and_loss", 8 * n)
+        b = prog.alloc("logits_and_loss", 8 * n)
+        c = prog.alloc("logits_and_loss", 4 * n)
+        prog.transient("logits_and_loss", _scratch(rows, vocab, SORT_SCRATCH))
+        prog.free(c)
+        prog.transient("logits_and_loss", _scratch(rows, vocab, SORT_SCRATCH_SMALL))
+        prog.free(b)
+        prog.free(a)
+    else:  # one row (or rows of a million or more): a radix sort per row, from the same 0..vocab-1 indices
+        initial = prog.alloc("logits_and_loss", 8 * vocab)
+        for _ in range(rows):
+            prog.transient("logits_and_loss", _scratch(1, vocab, SORT_SCRATCH))
+        prog.free(initial)
 
 
 def draw(prog: Program, batch: int, vocab: int, probs: int) -> int:
