@@ -67,6 +67,7 @@ LM_SHAPES: tuple[dict[str, Any], ...] = (
     {"method": "full", "gpus": 2, "shard": "fsdp"},
     {"task": "infer"},
     {"task": "infer", "new_tokens": 32},
+    {"task": "infer", "new_tokens": 32, "decoding": "sample"},
     {"task": "infer", "precision": "fp32"},
 )
 VISION_SHAPES: tuple[dict[str, Any], ...] = (
@@ -228,7 +229,7 @@ def replays(quick: bool) -> int:
     return 0 if same == compared else 1
 
 
-TEMPLATE_BATCHES = (1, 2, 3, 5, 8, 13, 64, 257, 4099)
+TEMPLATE_BATCHES = (1, 2, 3, 5, 8, 13, 64, 127, 128, 257, 4099)
 
 
 def templates(quick: bool) -> int:
@@ -241,7 +242,7 @@ def templates(quick: bool) -> int:
     from gpuready.models import resolve_model
     from gpuready.workload import make_workload
 
-    structures = with_template = compared = same = 0
+    structures = with_template = with_lower = compared = same = 0
     t_build = t_inst = 0.0
     seen: set[str] = set()
     for fields in sweep(quick):
@@ -261,14 +262,21 @@ def templates(quick: bool) -> int:
         if template is None:
             continue
         with_template += 1
+        lower = (
+            build_template(lambda x, spec=spec, meta=meta: _build(spec, x, meta), w, below=template.min_batch)  # type: ignore[misc]
+            if template.min_batch > 1
+            else None
+        )
+        with_lower += lower is not None
         for batch in TEMPLATE_BATCHES if not quick else TEMPLATE_BATCHES[:5]:
-            if batch < template.min_batch:  # (estimate builds these: the template holds from min_batch)
+            writer = template if batch >= template.min_batch else lower
+            if writer is None or batch < writer.min_batch:  # (estimate builds these)
                 continue
             wb = w.model_copy(update={"batch": batch})
             t0 = time.perf_counter()
             built = _build(spec, wb, meta)
             t1 = time.perf_counter()
-            written = template.instantiate(batch)
+            written = writer.instantiate(batch)
             t_inst += time.perf_counter() - t1
             t_build += t1 - t0
             compared += 1
@@ -277,7 +285,8 @@ def templates(quick: bool) -> int:
             else:
                 print("DIFFERS:", json.dumps(fields), batch)
     print(
-        f"{structures} job structures, {with_template} with a batch template (the rest are built per batch); "
+        f"{structures} job structures, {with_template} with a batch template (the rest are built per batch), "
+        f"{with_lower} of them with a template of the batches below its first; "
         f"{compared} programs compared, {same} identical; built in {t_build:.2f} s, written out in {t_inst:.2f} s"
     )
     return 0 if same == compared else 1

@@ -95,10 +95,25 @@ def _program(spec: ModelSpec, w: Workload, meta_init: bool = False) -> Program:
         _first_batch.clear()
     first = _first_batch.setdefault((spec, structure, meta_init), w.batch)
     if first != w.batch:
-        template = _template(spec, structure, meta_init)
-        if template is not None and w.batch >= template.min_batch:
+        template = template_for(spec, structure, meta_init, w.batch)
+        if template is not None:
             return template.instantiate(w.batch)
     return _build(spec, w, meta_init)
+
+
+def template_for(spec: ModelSpec, structure: Workload, meta_init: bool, batch: int) -> Template | None:
+    """The batch template that writes out `batch` of the job structure (its batch 1): the structure's own, or where
+    that holds from a later batch only (a builder takes another branch from there: Program.from_batch), the template
+    of the batches below it; None where neither does. A batch sweep calls it before its threads start, so that no
+    template is recorded while another thread builds a program."""
+    template = _template(spec, structure, meta_init)
+    if template is None or batch >= template.min_batch:
+        return template
+    if template.min_batch > 1:
+        lower = _template_below(spec, structure, meta_init, template.min_batch)
+        if lower is not None and lower.min_batch <= batch:
+            return lower
+    return None
 
 
 _first_batch: dict[tuple[ModelSpec, Workload, bool], int] = {}  # job structure (batch 1) -> first batch built
@@ -114,6 +129,11 @@ def expect_many_batches(spec: ModelSpec, w: Workload, meta_init: bool = False) -
 @functools.lru_cache(maxsize=32)
 def _template(spec: ModelSpec, structure: Workload, meta_init: bool) -> Template | None:
     return build_template(lambda w: _build(spec, w, meta_init), structure)
+
+
+@functools.lru_cache(maxsize=32)
+def _template_below(spec: ModelSpec, structure: Workload, meta_init: bool, below: int) -> Template | None:
+    return build_template(lambda w: _build(spec, w, meta_init), structure, below=below)
 
 
 def _build(spec: ModelSpec, w: Workload, meta_init: bool = False) -> Program:
@@ -163,7 +183,7 @@ def _fit(spec: ModelSpec, w: Workload, gpu_memory_bytes: int, meta_init: bool = 
 
 def clear_caches() -> None:
     """Forget every program, replay and verdict (for benchmarks that time distinct jobs)."""
-    for cached in (_program, _core, _fit, _live_peak, _breakdown, _template):
+    for cached in (_program, _core, _fit, _live_peak, _breakdown, _template, _template_below):
         cached.cache_clear()
     _first_batch.clear()
 

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterable
 
 from gpuready.errors import InputError
-from gpuready.memory.estimate import estimate, expect_many_batches, fsdp_meta_init
+from gpuready.memory.estimate import estimate, expect_many_batches, fsdp_meta_init, template_for
 from gpuready.memory.result import MemoryEstimate
 from gpuready.models import resolve_model
 from gpuready.workload import Workload, make_workload
@@ -75,6 +75,11 @@ def estimate_batches(
         results[i] = one(jobs[i])
     rest = list(range(head, len(jobs)))
     threads = min(workers or default_workers(), len(rest))
+    if threads > 1:  # the templates the threads will read, recorded here (recording hooks every new Program)
+        meta = fsdp_meta_init(spec, workload, gpu_memory_bytes)
+        structure = workload.model_copy(update={"batch": 1})
+        for b in sorted({order[i] for i in rest})[:1]:
+            template_for(spec, structure, meta, b)
     if threads <= 1:
         for i in rest:
             results[i] = one(jobs[i])

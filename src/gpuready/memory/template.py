@@ -26,6 +26,9 @@ from gpuready.memory import program as program_module
 from gpuready.memory.program import ROUND, Program
 
 MAX = 1_000_000  # the largest batch a Workload allows (workload/spec.py); answers must hold on 1..MAX
+# the batches the recording in progress must hold on: 1..MAX, or 1..below-1 for a template of the batches below
+# another's min_batch (build_template's `below`)
+_RANGE = [1, MAX]
 
 
 class NotAffine(Exception):
@@ -86,10 +89,11 @@ class Batch:
         return Batch(self.a // other, self.c // other)
 
     def _ends(self, other: Any) -> tuple[int, int]:
-        """self - other at batch 1 and at batch MAX: an affine difference is monotone, so a relation `d > 0`,
+        """self - other at the range's first and last batch (1 and MAX unless the recording says otherwise): an affine
+        difference is monotone, so a relation `d > 0`,
         `d >= 0`, `d < 0` or `d <= 0` that holds (or fails) at both ends holds (or fails) at every batch between."""
         d = self - Batch._of(other)
-        return d.at(1), d.at(MAX)
+        return d.at(_RANGE[0]), d.at(_RANGE[1])
 
     def _decide(self, lo: bool, hi: bool) -> bool:
         if lo != hi:
@@ -100,7 +104,7 @@ class Batch:
         d = self - Batch._of(other)
         if d.a == 0:
             return d.c == 0
-        if -d.c % d.a or not 1 <= -d.c // d.a <= MAX:
+        if -d.c % d.a or not _RANGE[0] <= -d.c // d.a <= _RANGE[1]:
             return False  # no batch makes them equal
         raise NotAffine("an equality that holds at one batch only")
 
@@ -195,9 +199,9 @@ class _Recorder:
 
     def alloc(self, category: str, nbytes: Any) -> int:
         if isinstance(nbytes, PerBatch):
-            if nbytes.fn(MAX) <= 0:
-                return 0  # (never falls: empty at MAX, empty at every batch)
-            lo, hi = 1, MAX  # the first batch where it exists: the template then holds from there on
+            if nbytes.fn(_RANGE[1]) <= 0:
+                return 0  # (never falls: empty at the last batch, empty at every batch)
+            lo, hi = _RANGE  # the first batch where it exists: the template then holds from there on
             while lo < hi:
                 mid = (lo + hi) // 2
                 lo, hi = (lo, mid) if nbytes.fn(mid) > 0 else (mid + 1, hi)
@@ -228,6 +232,8 @@ class _Recorder:
 
     def from_batch(self, batch: Any, first: int) -> bool:
         if isinstance(batch, Batch):  # the program from `first` up; the builders make the smaller batches
+            if first > _RANGE[1]:  # (a template of the batches below: all of them below `first`)
+                return False
             self.min_batch = max(self.min_batch, first)
             return True
         return bool(batch >= first)
@@ -256,6 +262,7 @@ class Template:
     per_batch: dict[int, Callable[[int], int]] = field(default_factory=dict)  # handle -> size at a batch
     min_batch: int = 1  # the first batch it writes out (below it the builders make another program)
     cached_outside_per_batch: int = 0  # cached_outside_bytes grows by this much a batch
+    max_batch: int = MAX  # the last (a template of the batches below another's min_batch stops below it)
 
     def _outside_at(self, batch: int) -> int:
         return self.cached_outside_bytes + self.cached_outside_per_batch * batch
@@ -287,8 +294,8 @@ class Template:
 
     def instantiate(self, batch: int) -> Program:
         """The program at `batch` (at least min_batch): the one the builders make for it (module docstring)."""
-        if batch < self.min_batch:
-            raise ValueError(f"this template holds from batch {self.min_batch}, not {batch}")
+        if not self.min_batch <= batch <= self.max_batch:
+            raise ValueError(f"this template holds from batch {self.min_batch} to {self.max_batch}, not {batch}")
         ops, a, _, marks, phases, names = self._arrays
         c = self._c_at(batch)
         made = native.instantiate(
@@ -389,10 +396,16 @@ def _recording() -> Iterator[list[_Recorder]]:
         hooks.on_new = before
 
 
-def build_template(build: Callable[[Any], Program], workload: Any) -> Template | None:
+def build_template(build: Callable[[Any], Program], workload: Any, below: int | None = None) -> Template | None:
     """`build(workload)` run once with the batch as a symbol; None where the program is not affine in the batch
-    (or anything else goes wrong: the caller then builds the program for its batch)."""
+    (or anything else goes wrong: the caller then builds the program for its batch). With `below`, the template of
+    the batches under it only (those another template's min_batch leaves to the builders: a builder that takes
+    another branch from some batch on, Program.from_batch)."""
     symbolic = workload.model_copy(update={"batch": Batch()})
+    last = MAX if below is None else below - 1
+    if last < 1:
+        return None
+    _RANGE[:] = [1, last]
     try:
         with _recording() as made:
             prog = build(symbolic)
@@ -416,6 +429,9 @@ def build_template(build: Callable[[Any], Program], workload: Any) -> Template |
             dict(rec.per_batch),
             rec.min_batch,
             outside_per_batch,
+            last,
         )
     except Exception:  # NotAffine, or a TypeError where a builder used the batch as an int: build per batch
         return None
+    finally:
+        _RANGE[:] = [1, MAX]
