@@ -93,8 +93,8 @@ def sort_scratch(prog: Program, rows: Any, vocab: int) -> None:
     scratch, 12 bytes an element + 255: h62, h63); 2-127 rows a full sort of (value, index and row) pairs then a sort
     by row (two int2 per element, the keys' copy, cub's radix-sort scratch, then the row sort's: h58-h61); one row, a
     radix sort of the row (an index per entry, cub's scratch: h64). With the rows a template symbol, the template holds
-    from 128 rows (Program.from_batch), and the template of the batches below it from 2. (Past 2^31 elements ATen sorts in
-    chunks of whole rows, each with its own scratch; this counts one chunk of them all, which is more.)"""
+    from 128 rows (Program.from_batch), and the template of the batches below it from 2. (Past 2^31 elements ATen
+    sorts in chunks of whole rows, each with its own scratch; this counts one chunk of them all, which is more.)"""
     n = rows * vocab
     if prog.from_batch(rows, 128):
         reverse = prog.alloc("logits_and_loss", 8 * n)
