@@ -25,6 +25,8 @@ sweep_module = importlib.import_module("gpuready.memory.sweep")
         ({"model": "qwen2.5-0.5b", "method": "full", "seq": 512, "grad_ckpt": True}, 24 * GIB),
         ({"model": "resnet50", "precision": "bf16"}, 16 * GIB),
         ({"model": "llama-3.2-1b", "task": "infer", "seq": 256, "new_tokens": 32}, 24 * GIB),
+        # a template from 128 rows and one below it (sampling's sort paths), both recorded before the threads
+        ({"model": "qwen2.5-0.5b", "task": "infer", "seq": 64, "new_tokens": 4, "decoding": "sample"}, 16 * GIB),
     ],
 )
 def test_each_batch_equals_its_own_estimate(fields: dict[str, Any], card: int | None) -> None:

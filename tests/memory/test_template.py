@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuready.memory.estimate import _build, _template, clear_caches, estimate
+from gpuready.memory.estimate import _build, _template, clear_caches, estimate, template_for
 from gpuready.memory.program import Program
 from gpuready.memory.template import Batch, NotAffine, build_template
 from gpuready.models import resolve_model
@@ -183,3 +183,21 @@ def test_a_program_that_differs_below_a_batch_takes_a_template_from_there() -> N
     for batch in (2, 3, 16):
         assert template.instantiate(batch) == _build(spec, w.model_copy(update={"batch": batch}))
     assert Program().from_batch(1, 2) is False and Program().from_batch(2, 2) is True
+
+
+def test_the_batches_below_a_template_s_first_take_a_template_of_their_own() -> None:
+    # sampling's torch.sort takes another path from 128 rows and another below it (lm/sampling.sort_scratch): the
+    # structure's template holds from 128; the template below it, recorded over batches 1-127 only, from 2
+    w = make_workload(model="qwen2.5-0.5b", task="infer", seq=64, new_tokens=5, decoding="sample")
+    spec = resolve_model(w.model)
+    template = build_template(lambda x: _build(spec, x), w)
+    assert template is not None and (template.min_batch, template.max_batch) == (128, 1_000_000)
+    lower = build_template(lambda x: _build(spec, x), w, below=template.min_batch)
+    assert lower is not None and (lower.min_batch, lower.max_batch) == (2, 127)
+    for batch, writer in ((2, lower), (37, lower), (127, lower), (128, template), (300, template)):
+        assert writer.instantiate(batch) == _build(spec, w.model_copy(update={"batch": batch}))
+    with pytest.raises(ValueError, match="from batch 2 to 127"):
+        lower.instantiate(128)
+    structure = w.model_copy(update={"batch": 1})
+    assert template_for(spec, structure, False, 50) is template_for(spec, structure, False, 2)
+    assert template_for(spec, structure, False, 1) is None  # batch 1 is built

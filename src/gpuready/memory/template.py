@@ -13,6 +13,7 @@ benchmarks/speed_check.py compares the two over a sweep of jobs and batches.
 
 from __future__ import annotations
 
+import threading
 from array import array
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,9 +27,14 @@ from gpuready.memory import program as program_module
 from gpuready.memory.program import ROUND, Program
 
 MAX = 1_000_000  # the largest batch a Workload allows (workload/spec.py); answers must hold on 1..MAX
-# the batches the recording in progress must hold on: 1..MAX, or 1..below-1 for a template of the batches below
-# another's min_batch (build_template's `below`)
-_RANGE = [1, MAX]
+# the batches the recording in progress (in this thread, as program.HOOKS) must hold on: 1..MAX, or 1..below-1 for
+# a template of the batches below another's min_batch (build_template's `below`)
+_RECORDING = threading.local()
+
+
+def _range() -> tuple[int, int]:
+    span: tuple[int, int] = getattr(_RECORDING, "span", (1, MAX))
+    return span
 
 
 class NotAffine(Exception):
@@ -93,7 +99,8 @@ class Batch:
         difference is monotone, so a relation `d > 0`,
         `d >= 0`, `d < 0` or `d <= 0` that holds (or fails) at both ends holds (or fails) at every batch between."""
         d = self - Batch._of(other)
-        return d.at(_RANGE[0]), d.at(_RANGE[1])
+        first, last = _range()
+        return d.at(first), d.at(last)
 
     def _decide(self, lo: bool, hi: bool) -> bool:
         if lo != hi:
@@ -104,7 +111,8 @@ class Batch:
         d = self - Batch._of(other)
         if d.a == 0:
             return d.c == 0
-        if -d.c % d.a or not _RANGE[0] <= -d.c // d.a <= _RANGE[1]:
+        first, last = _range()
+        if -d.c % d.a or not first <= -d.c // d.a <= last:
             return False  # no batch makes them equal
         raise NotAffine("an equality that holds at one batch only")
 
@@ -199,9 +207,9 @@ class _Recorder:
 
     def alloc(self, category: str, nbytes: Any) -> int:
         if isinstance(nbytes, PerBatch):
-            if nbytes.fn(_RANGE[1]) <= 0:
+            lo, hi = _range()  # the first batch where it exists: the template then holds from there on
+            if nbytes.fn(hi) <= 0:
                 return 0  # (never falls: empty at the last batch, empty at every batch)
-            lo, hi = _RANGE  # the first batch where it exists: the template then holds from there on
             while lo < hi:
                 mid = (lo + hi) // 2
                 lo, hi = (lo, mid) if nbytes.fn(mid) > 0 else (mid + 1, hi)
@@ -232,7 +240,7 @@ class _Recorder:
 
     def from_batch(self, batch: Any, first: int) -> bool:
         if isinstance(batch, Batch):  # the program from `first` up; the builders make the smaller batches
-            if first > _RANGE[1]:  # (a template of the batches below: all of them below `first`)
+            if first > _range()[1]:  # (a template of the batches below: all of them below `first`)
                 return False
             self.min_batch = max(self.min_batch, first)
             return True
@@ -405,7 +413,7 @@ def build_template(build: Callable[[Any], Program], workload: Any, below: int | 
     last = MAX if below is None else below - 1
     if last < 1:
         return None
-    _RANGE[:] = [1, last]
+    _RECORDING.span = (1, last)
     try:
         with _recording() as made:
             prog = build(symbolic)
@@ -434,4 +442,4 @@ def build_template(build: Callable[[Any], Program], workload: Any, below: int | 
     except Exception:  # NotAffine, or a TypeError where a builder used the batch as an int: build per batch
         return None
     finally:
-        _RANGE[:] = [1, MAX]
+        del _RECORDING.span
