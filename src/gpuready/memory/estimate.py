@@ -104,8 +104,8 @@ def _program(spec: ModelSpec, w: Workload, meta_init: bool = False) -> Program:
 def template_for(spec: ModelSpec, structure: Workload, meta_init: bool, batch: int) -> Template | None:
     """The batch template that writes out `batch` of the job structure (its batch 1): the structure's own, or where
     that holds from a later batch only (a builder takes another branch from there: Program.from_batch), the template
-    of the batches below it; None where neither does. A batch sweep calls it before its threads start, so that no
-    template is recorded while another thread builds a program."""
+    of the batches below it; None where neither does. A batch sweep calls it before its threads start, so that they
+    find the templates recorded (a recording is per thread: program.HOOKS and the template's batch range)."""
     template = _template(spec, structure, meta_init)
     if template is None or batch >= template.min_batch:
         return template

@@ -75,7 +75,7 @@ def estimate_batches(
         results[i] = one(jobs[i])
     rest = list(range(head, len(jobs)))
     threads = min(workers or default_workers(), len(rest))
-    if threads > 1:  # the templates the threads will read, recorded here (recording hooks every new Program)
+    if threads > 1:  # the templates the threads will read, recorded once here rather than in each thread
         meta = fsdp_meta_init(spec, workload, gpu_memory_bytes)
         structure = workload.model_copy(update={"batch": 1})
         for b in sorted({order[i] for i in rest})[:1]:
