@@ -101,6 +101,17 @@ def test_sharded_jobs_are_refused() -> None:
         trace_estimate(make_workload(model="gpt2", gpus=2, shard="ddp"))
 
 
+def test_sampling_is_refused_naming_the_flag() -> None:
+    # top-p's sort scratch is made inside CUDA's kernels, which fake tensors never run (memory/lm/sampling.py)
+    from gpuready.errors import InputError
+    from gpuready.memory.trace import trace_estimate
+
+    w = make_workload(model="gpt2", task="infer", seq=64, new_tokens=4, decoding="sample")
+    with pytest.raises(InputError, match="greedy") as refused:
+        trace_estimate(w)
+    assert refused.value.field == "--decoding"
+
+
 @pytest.mark.torch
 def test_fit_against_a_gpu_size(tiny: str) -> None:
     pytest.importorskip("transformers")

@@ -258,6 +258,14 @@ def trace_estimate(
         raise InputError("--gpus", "the traced mode covers one GPU; use --gpus 1 --shard none")
     if workload.method == "qlora":
         raise InputError("--method", "qlora is not traced (bitsandbytes needs CUDA); allowed: full, lora")
+    if workload.decoding == "sample" and workload.new_tokens and not workload.training:
+        # top-p's torch.sort takes its scratch inside the CUDA kernels' cub calls, which fake tensors never make
+        # (memory/lm/sampling.py models them from the recorded histories)
+        raise InputError(
+            "--decoding",
+            "sampling is not traced (top-p's sort scratch is made inside CUDA's kernels); allowed with --trace: "
+            "greedy, or drop --trace",
+        )
     if workload.training and workload.precision in ("bf16", "fp16") and workload.model.startswith("resnet"):
         # CPU convolution kernels keep fp32 copies of 16-bit activations that cuDNN does not: resnet50 bf16 batch
         # 128 traced at 12.65 GiB against 6.83 measured (docs/accuracy_trace.md)
