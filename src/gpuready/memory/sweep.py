@@ -78,8 +78,7 @@ def estimate_batches(
     if threads > 1:  # the templates the threads will read, recorded once here rather than in each thread
         meta = fsdp_meta_init(spec, workload, gpu_memory_bytes)
         structure = workload.model_copy(update={"batch": 1})
-        for b in sorted({order[i] for i in rest})[:1]:
-            template_for(spec, structure, meta, b)
+        template_for(spec, structure, meta, min(order[i] for i in rest))
     if threads <= 1:
         for i in rest:
             results[i] = one(jobs[i])

@@ -21,12 +21,16 @@ SORT_SCRATCH_SMALL = (0.1778, 3248)
 # top-k's radix select scratch: 384 KiB + 512 bytes a row, 5 KiB a row from 128 rows (h58-h64: 76 KiB at one row of
 # 151,936, 384-416 KiB at 16-64 rows, 1 MiB at 128 rows of 262,144, 1.25 MiB at 256 rows of 151,936)
 TOPK_SELECT = 393_216
+# ATen's choice of sort by the rows and the row's length (SortStable.cu): cub's segmented sort from this many rows; a
+# sort per row for one row or rows this long
+SEGMENTED_FROM_ROWS = 128
+PER_ROW_FROM_LENGTH = 1_000_000
 
 
 def topk_select(prog: Program, rows: Any) -> Any:
     """top-k's radix select scratch for `rows` (TOPK_SELECT's fit, 5 KiB a row from 128 rows: with the rows a template
     symbol, the template holds from there)."""
-    return 5120 * rows if prog.from_batch(rows, 128) else TOPK_SELECT + 512 * rows
+    return 5120 * rows if prog.from_batch(rows, SEGMENTED_FROM_ROWS) else TOPK_SELECT + 512 * rows
 
 
 class _ScratchAt:
@@ -96,11 +100,11 @@ def sort_scratch(prog: Program, rows: Any, vocab: int) -> None:
     from 128 rows (Program.from_batch), and the template of the batches below it from 2. (Past 2^31 elements ATen
     sorts in chunks of whole rows, each with its own scratch; this counts one chunk of them all, which is more.)"""
     n = rows * vocab
-    if prog.from_batch(rows, 128):
+    if prog.from_batch(rows, SEGMENTED_FROM_ROWS):
         reverse = prog.alloc("logits_and_loss", 8 * n)
         prog.transient("logits_and_loss", 12 * n + 255)
         prog.free(reverse)
-    elif vocab < 1_000_000 and prog.from_batch(rows, 2):
+    elif vocab < PER_ROW_FROM_LENGTH and prog.from_batch(rows, 2):
         a = prog.alloc("logits_and_loss", 8 * n)
         b = prog.alloc("logits_and_loss", 8 * n)
         c = prog.alloc("logits_and_loss", 4 * n)
