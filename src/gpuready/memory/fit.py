@@ -125,7 +125,7 @@ MARGIN_SHARE_OF_LIMIT = {
 }
 RELEASE_MARGIN_SHARE_OF_LARGEST = {**dict.fromkeys(MARGIN_SHARE_OF_LARGEST, 0.0), "lm_eager": 1.0}
 MARGIN_NOTE = {
-    "lm": "no margin (measured on the 135 language-model cards of docs/max_batch.md, 92 of them in sets predicted "
+    "lm": "no margin (measured on the 139 language-model cards of docs/max_batch.md, 96 of them in sets predicted "
     "before they ran: no batch that failed on the GPU completes in the replay under the card's limit)",
     "lm_eager": "no margin, but 100% of the largest single allocation kept free where the fit of a checkpointed job "
     "needs the allocator to release its cache (measured: qwen2.5-7b LoRA + checkpointing with eager attention at "
