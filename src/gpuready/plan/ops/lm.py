@@ -125,7 +125,7 @@ def lm_ops(spec: ModelSpec, w: Workload, *, tokens: int | None = None, training:
             s.add(_mem("elementwise", (block + head) * 6.0, len(spec.block_linears) * layers + 1))
     seq = t // max(1, w.batch) if tokens is None else w.seq
     batch = max(1, t // max(1, seq))
-    backend, _mask = attention_backend(spec, w, dt, seq)
+    backend, mask = attention_backend(spec, w, dt, seq)
     head_dim = spec.head_dim if not spec.mla else spec.qk_nope_dim + spec.qk_rope_dim
     sliding = spec.sliding_layers
     dense_attn_layers = layers - sliding
@@ -146,6 +146,7 @@ def lm_ops(spec: ModelSpec, w: Workload, *, tokens: int | None = None, training:
                 fwd=fwd,
                 backward=training,
                 layers=n_layers,
+                masked=window is not None and backend == "efficient" and mask,
             )
     el_b, el_k = _lm_layer_elementwise(spec, w, t, r)
     s.add(_mem("elementwise", el_b * layers, el_k * layers), fwd)
