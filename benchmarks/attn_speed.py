@@ -1,7 +1,8 @@
 """Achieved speed of CUDA's scaled_dot_product_attention kernels, forward and forward + backward, as the step-time
 model counts their work (plan/ops/attention.py): flash with is_causal (half the S x S square), the memory-efficient
-kernel with is_causal, and the memory-efficient kernel with the boolean [B, 1, S, S] sliding-window mask that
-transformers builds once the sequence reaches the window (the whole square: every score computed, the mask read).
+kernel and cuDNN's with is_causal and with the boolean [B, 1, S, S] sliding-window mask that transformers builds
+once the sequence reaches the window (the whole square: every score computed, the mask read), and the same two calls
+as the dispatcher runs them (`dispatch_*`: every backend allowed, cuDNN's first in bf16 on the H200).
 Run on a GPU machine:
 
     python3 benchmarks/attn_speed.py [--seqs 2048,4096,8192,16384,32768] [--heads 32] [--head-dim 128] [--window 4096]
@@ -9,8 +10,7 @@ Run on a GPU machine:
 
 One line per (case, seq): milliseconds (median of --iters timed calls after --warmup, CUDA events) and TFLOP/s
 (the model's FLOPs: 4 x heads x pairs x head_dim forward, 2.5 times that backward) for the forward and for forward
-+ backward. The ratio of the masked memory-efficient kernel's TFLOP/s to flash's is the share plan/steptime.py
-applies to masked attention on top of the fitted `attn_eff`.
++ backward. A kernel that cannot run a case says so on its line.
 """
 
 from __future__ import annotations
@@ -60,10 +60,16 @@ def main(argv: list[str] | None = None) -> int:
         i = torch.arange(S, device=dev)
         # transformers' sliding-window causal mask: True where a query may attend (masking_utils)
         window = ((i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] < args.window))[None, None]
+        every = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
         cases = (
-            ("flash_causal", SDPBackend.FLASH_ATTENTION, {"is_causal": True}, 0.5),
-            ("efficient_causal", SDPBackend.EFFICIENT_ATTENTION, {"is_causal": True}, 0.5),
-            ("efficient_masked", SDPBackend.EFFICIENT_ATTENTION, {"attn_mask": window}, 1.0),
+            ("flash_causal", [SDPBackend.FLASH_ATTENTION], {"is_causal": True}, 0.5),
+            ("efficient_causal", [SDPBackend.EFFICIENT_ATTENTION], {"is_causal": True}, 0.5),
+            ("efficient_masked", [SDPBackend.EFFICIENT_ATTENTION], {"attn_mask": window}, 1.0),
+            ("cudnn_causal", [SDPBackend.CUDNN_ATTENTION], {"is_causal": True}, 0.5),
+            ("cudnn_masked", [SDPBackend.CUDNN_ATTENTION], {"attn_mask": window}, 1.0),
+            # what the dispatcher picks by itself (cuDNN first in bf16 on the H200: docs/calibration/sdpa_layout.txt)
+            ("dispatch_causal", every, {"is_causal": True}, 0.5),
+            ("dispatch_masked", every, {"attn_mask": window}, 1.0),
         )
         for name, backend, kwargs, share in cases:
             flops = 4.0 * H * S * S * share * D

@@ -297,11 +297,11 @@ def test_qlora_dequantizes_and_per_parameter_optimizers_pay_their_launches() -> 
     assert adafactor.seconds - adamw.seconds >= 0.9 * op.kernels * eff.launch_s
 
 
-def test_a_sliding_window_mask_costs_the_whole_square_in_the_memory_efficient_kernel() -> None:
-    """Past its window a sliding-window model runs SDPA's memory-efficient kernel with a [B, 1, S, S] mask
-    (memory/lm/context.attention_backend), which computes every score and reads the mask for each head: no causal
-    or window skip. Mistral-7B LoRA + checkpointing at 32,768 tokens measured 12.95 s a step on the H200
-    (docs/calibration/h200_heldout55_a.jsonl); costing only the window's span predicted 5.84 s (x0.45)."""
+def test_a_sliding_window_mask_costs_the_whole_square() -> None:
+    """Past its window a sliding-window model runs SDPA with a [B, 1, S, S] mask (memory/lm/context.attention_backend;
+    cuDNN's kernel in bf16 on the H200), which computes every score and reads the mask for each head: no causal or
+    window skip. Mistral-7B LoRA + checkpointing at 32,768 tokens measured 12.95 s a step on the H200
+    (docs/calibration/h200_heldout55_a.jsonl); costing only the window's band predicted 5.84 s (x0.45)."""
     from gpuready.memory.dtypes import dtypes_for
     from gpuready.memory.lm.context import attention_backend
 

@@ -26,11 +26,13 @@ def _attention(
     masked: bool = False,
 ) -> None:
     """Scaled dot-product attention over `layers` layers. `masked`: the fused kernel is given a mask tensor (a
-    sliding window once the sequence reaches it, memory/lm/context.attention_backend): the memory-efficient kernel
-    adds the mask to every score it computes, so it computes the whole S x S square (the causal and the window's
-    skips are flash's, with no mask tensor) and reads the [B, 1, S, S] mask in the activations' dtype for each head
-    (held-out set 55: Mistral-7B LoRA + checkpointing at 32,768 tokens measured 12.95 s a step where the window's
-    span gave 5.84 s)."""
+    sliding window once the sequence reaches it, memory/lm/context.attention_backend; in bf16 on the H200 the
+    dispatcher runs it on cuDNN's attention, in fp32 on the memory-efficient kernel: docs/calibration/
+    sdpa_layout.txt). A kernel given a mask adds it to every score it computes: it computes the whole S x S square
+    (the causal half and the window's band are skipped only with no mask tensor) and reads the [B, 1, S, S] mask in
+    the activations' dtype for each head. Held-out set 55: Mistral-7B LoRA + checkpointing at 32,768 tokens measured
+    12.95 s a step where the window's band gave 5.84 s; set 56, predicted with this: 0.84-0.93 of the measured step
+    where the band gave 0.66-0.84 (docs/steptime.md)."""
     span = kv_len if window is None or masked else min(kv_len, window)
     bh = batch * heads * layers
     if backend in ("flash", "efficient"):
