@@ -33,12 +33,13 @@ def _attention(
     the activations' dtype for each head. Held-out set 55: Mistral-7B LoRA + checkpointing at 32,768 tokens measured
     12.95 s a step where the window's band gave 5.84 s; set 56, predicted with this: 0.84-0.93 of the measured step
     where the band gave 0.66-0.84 (docs/steptime.md)."""
-    span = kv_len if window is None or masked else min(kv_len, window)
+    # with no mask tensor, a window narrower than the keys leaves a band of it; a wider one, plain causal attention
+    banded = window is not None and kv_len > window and not masked
+    span = min(kv_len, window) if banded and window is not None else kv_len
     bh = batch * heads * layers
     if backend in ("flash", "efficient"):
-        # fused kernels skip the masked half of a causal S x S square (flash, no mask tensor; a window wider than the
-        # sequence leaves it causal)
-        half = causal and q_len == kv_len and not masked and (window is None or kv_len <= window)
+        # fused kernels with no mask tensor skip the masked half of a causal S x S square
+        half = causal and q_len == kv_len and not masked and not banded
         pairs = q_len * span * (0.5 if half else 1.0)
         f = 4.0 * bh * pairs * head_dim
         io = 4.0 * bh * q_len * head_dim * e  # q, k, v in, out
