@@ -1,0 +1,136 @@
+"""Where generate()'s time per new token goes on a GPU: the same request timed in several ways in one process.
+
+The memory sets' generation rows (the probe times one generate() call, with no call of that shape before it) run
+50-400 ms a new token on the H200, largely whatever the model's size (docs/steptime.md). This separates the
+candidates. For each job (written as `gpuready estimate` arguments, one per line of JOBS, `#` comments), the model
+is built as the probe builds it (trial/probe.py: random weights, on the GPU) and the request is timed:
+
+- `first`: one generate() call of the job's batch x prompt + new tokens, the first of its shapes in the process (what
+  the probe measures);
+- `second`: the same call again, every shape seen before;
+- `nocudnn_first`, `nocudnn_second`: the same with cuDNN's attention taken out of SDPA's choice
+  (`torch.backends.cuda.enable_cudnn_sdp(False)`) and a prompt 8 tokens longer, so that no shape has been seen;
+- `loop`: a plain decode loop without generate() (one prefill forward, then one forward per new token with the
+  cache, greedy argmax), cuDNN's attention still out, every shape seen before;
+- `kernels`: the GPU time of the loop's decode steps under torch.profiler (the sum of the kernels' durations) and
+  the kernels launched per step.
+
+    python3 benchmarks/gen_speed.py JOBS > docs/calibration/gen_speed_h200.tsv
+
+One line per (job, way): seconds for the request, milliseconds per new token, and the process's CPU seconds over
+the same span (a loop bound by the host shows CPU seconds close to the wall seconds).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+
+def _timed(torch: Any, fn: Any) -> tuple[float, float]:
+    torch.cuda.synchronize()
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def _job(torch: Any, args: str) -> None:
+    from gpuready.trial.backend import probe_spec
+    from gpuready.trial.probe import _build_lm
+    from gpuready.workload import workload_from_args
+    from gpuready.workload.spec import SAMPLING
+
+    w = workload_from_args(args)
+    spec = probe_spec(w)
+    model = _build_lm(torch, spec)
+    model.eval()
+    vocab = int(spec["config"]["vocab_size"])
+    n, batch, seq = int(w.new_tokens), int(w.batch), int(w.seq)
+    decoding: dict[str, Any] = {"do_sample": False}
+    if w.decoding == "sample":
+        decoding = {"do_sample": True, **SAMPLING}
+
+    def request(length: int) -> Any:
+        ids = torch.randint(0, vocab, (batch, length), device="cuda")
+
+        def call() -> None:
+            with torch.no_grad():
+                model.generate(ids, max_new_tokens=n, min_new_tokens=n, **decoding)
+
+        return call
+
+    def show(way: str, seconds: float, cpu: float, tokens: int = n) -> None:
+        print(f"{args}\t{way}\t{seconds:.3f}\t{1000 * seconds / tokens:.2f}\t{cpu:.3f}", flush=True)
+
+    first = request(seq)
+    show("first", *_timed(torch, first))
+    show("second", *_timed(torch, first))
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
+        other = request(seq + 8)
+        show("nocudnn_first", *_timed(torch, other))
+        show("nocudnn_second", *_timed(torch, other))
+        ids = torch.randint(0, vocab, (batch, seq + 8), device="cuda")
+
+        def loop(steps: int = n) -> None:
+            with torch.no_grad():
+                out = model(ids, use_cache=True)
+                cache = out.past_key_values
+                for _ in range(steps - 1):
+                    nxt = out.logits[:, -1:].argmax(-1)
+                    out = model(nxt, past_key_values=cache, use_cache=True)
+
+        show("loop", *_timed(torch, loop))
+        try:
+            from torch.profiler import ProfilerActivity, profile
+
+            with torch.no_grad():
+                out = model(ids, use_cache=True)
+                cache = out.past_key_values
+                nxt = out.logits[:, -1:].argmax(-1)
+                torch.cuda.synchronize()
+                steps = 8
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(steps):
+                        out = model(nxt, past_key_values=cache, use_cache=True)
+                        nxt = out.logits[:, -1:].argmax(-1)
+                    torch.cuda.synchronize()
+            kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            gpu_us = sum(e.device_time for e in kernels)
+            print(
+                f"{args}\tkernels\t{gpu_us / 1e6 / steps:.5f}\t{gpu_us / 1e3 / steps:.2f}\t{len(kernels) / steps:.0f}",
+                flush=True,
+            )
+        except Exception as exc:  # the profiler may be missing or refuse on this machine: say so, go on
+            print(f"{args}\tkernels\terror: {type(exc).__name__}: {str(exc).splitlines()[0]}", flush=True)
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        sys.stderr.write("usage: gen_speed.py JOBS\n")
+        return 2
+    with open(argv[0], encoding="utf-8") as f:
+        lines = [ln.strip() for ln in f]
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    print(f"# torch {torch.__version__}, {torch.cuda.get_device_name()}, {stamp}")
+    print("# `kernels`: seconds and ms are the GPU's kernel time per decode step, the last column the kernels per step")
+    print("job\tway\tseconds\tms_per_token\tcpu_seconds")
+    for args in (ln for ln in lines if ln and not ln.startswith("#")):
+        try:
+            _job(torch, args)
+            torch.cuda.empty_cache()
+        except Exception as exc:  # one job's fault is a line of the table, not the end of the run
+            print(f"{args}\terror\t{type(exc).__name__}: {str(exc).splitlines()[0]}", flush=True)
+            torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
