@@ -252,6 +252,10 @@ def estimate(
     spec = spec or resolve_model(workload.model, workload.as_family)
     _check_supported(spec, workload)
     meta_init = fsdp_meta_init(spec, workload, gpu_memory_bytes)
+    if gpu_memory_bytes is not None and find_max_batch:
+        # the max-batch search asks for several batches of this structure: write every one out of the batch
+        # template, this one too, rather than build this batch and then record the template (one build saved)
+        expect_many_batches(spec, workload, meta_init)
     run = _core(spec, workload, meta_init)
     overhead = device_overhead_bytes(workload)
     breakdown = dict(_breakdown(spec, workload, meta_init, run.phase))

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from gpuready.errors import InputError
 from gpuready.memory.estimate import estimate, expect_many_batches, fsdp_meta_init, template_for
 from gpuready.memory.result import MemoryEstimate
-from gpuready.models import resolve_model
+from gpuready.models import ModelSpec, resolve_model
 from gpuready.workload import Workload, make_workload
 from gpuready.workload.validate import CheckedWorkload, check_workload, does_not_apply
 
@@ -104,6 +104,47 @@ def estimate_batches(
     if errors:
         raise errors[0]
     return [r for r in results if r is not None]
+
+
+def estimate_cards(
+    workload: Workload, capacities: Iterable[int], *, spec: ModelSpec | None = None, workers: int | None = None
+) -> dict[int, MemoryEstimate]:
+    """`estimate(workload, c)` (fits and max batch) for each card capacity c, by capacity: what `plan` asks for every
+    card of the catalog. The first is estimated in the calling thread (it builds the program and records the batch
+    template the max-batch searches write out); the rest share threads as estimate_batches' batches do (their replays
+    under each card's limit run at the same time on several cores)."""
+    spec = spec or resolve_model(workload.model, workload.as_family)
+    order = list(dict.fromkeys(capacities))
+    out: dict[int, MemoryEstimate] = {}
+    if not order:
+        return out
+    out[order[0]] = estimate(workload, order[0], spec=spec)
+    rest = order[1:]
+    threads = min(workers or default_workers(), len(rest))
+    if threads <= 1:
+        for c in rest:
+            out[c] = estimate(workload, c, spec=spec)
+        return out
+    errors: list[BaseException] = []
+
+    def work(part: list[int]) -> None:
+        for c in part:
+            if errors:
+                return
+            try:
+                out[c] = estimate(workload, c, spec=spec)
+            except BaseException as exc:  # handed to the caller's thread below
+                errors.append(exc)
+                return
+
+    pool = [threading.Thread(target=work, args=(rest[k::threads],), daemon=True) for k in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    if errors:
+        raise errors[0]
+    return {c: out[c] for c in order}
 
 
 def checked_sweep(workload: Workload, variable: str, values: Iterable[int]) -> list[CheckedWorkload]:

@@ -183,7 +183,7 @@ def plan(
 ) -> PlanResult:
     """Every catalog card for `workload`, those that run it first, cheapest work first (module docstring).
     `calibration`: catalog name -> measured/predicted step-time factor (plan/calibrate.py)."""
-    from gpuready.memory import estimate
+    from gpuready.memory.sweep import estimate_cards
 
     given = {flag: x for flag, x in (("--tokens", tokens), ("--steps", steps), ("--hours", hours)) if x is not None}
     if len(given) > 1:
@@ -200,15 +200,13 @@ def plan(
     tokens_per_step = workload.batch * workload.seq * workload.grad_accum * count
     variants = _same_work_variants(workload)
     fits_cache = _Fits(spec, [g.usable_bytes for g in cards])
-    estimates: dict[int, Any] = {}
     options = []
     card_notes: set[str] = set()
     unit = "images" if spec.kind == "vision" else "tokens"
     units_per_step = 0
     job_steps = steps
+    estimates = estimate_cards(workload, [g.usable_bytes for g in cards], spec=spec)
     for gpu in cards:
-        if gpu.usable_bytes not in estimates:
-            estimates[gpu.usable_bytes] = estimate(workload, gpu.usable_bytes, spec=spec)
         est = estimates[gpu.usable_bytes]
         run_w, change = workload, None
         factor = calibration.get(gpu.name, 1.0)
