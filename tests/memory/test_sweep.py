@@ -142,3 +142,25 @@ def test_each_swept_value_is_read_against_the_model_as_a_flag_is() -> None:
     checked = checked_sweep(make_workload(model="llama-3.2-1b"), "seq", [1024, 200_000])
     assert not checked[0].warnings and any("trained context" in w for w in checked[1].warnings)
     assert [c.workload.seq for c in checked] == [1024, 200_000]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"model": "qwen2.5-0.5b", "method": "lora", "seq": 1024, "batch": 4},
+        {"model": "llama-3.2-1b", "task": "infer", "seq": 512, "new_tokens": 16, "batch": 8},
+    ],
+)
+def test_every_card_estimated_on_threads_equals_its_own_estimate(fields: dict[str, Any]) -> None:
+    from gpuready.memory.sweep import estimate_cards
+
+    cards = [24 * GIB, 8 * GIB, 24 * GIB, 3 * GIB, 80 * GIB, 5 * GIB]
+    est_module.clear_caches()
+    threaded = estimate_cards(make_workload(**fields), cards, workers=3)
+    est_module.clear_caches()
+    alone = {c: estimate(make_workload(**fields), c) for c in cards}
+    assert list(threaded) == [24 * GIB, 8 * GIB, 3 * GIB, 80 * GIB, 5 * GIB]  # each card once, in the order given
+    assert threaded == alone
+    verdicts = {c: (e.fits, e.max_batch) for c, e in threaded.items()}
+    assert verdicts[80 * GIB][0] and not verdicts[3 * GIB][0]  # both answers among the cards
+    assert len({v[1] for v in verdicts.values()}) > 2  # the max batch differs card by card
