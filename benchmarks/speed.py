@@ -205,6 +205,7 @@ PLAN_JOBS = (
     ["llama-3.2-3b", "--batch", "4", "--seq", "2048"],
     ["qwen2.5-7b", "--method", "lora", "--seq", "4096", "--grad-ckpt", "--tokens", "50000000"],
     ["resnet50", "--batch", "128"],
+    ["llama-3.1-70b", "--method", "qlora", "--grad-ckpt"],  # 80 layers, 4-bit: 175,655 events a replay
 )
 
 

@@ -110,17 +110,19 @@ def estimate_cards(
     workload: Workload, capacities: Iterable[int], *, spec: ModelSpec | None = None, workers: int | None = None
 ) -> dict[int, MemoryEstimate]:
     """`estimate(workload, c)` (fits and max batch) for each card capacity c, by capacity: what `plan` asks for every
-    card of the catalog. The first is estimated in the calling thread (it builds the program and records the batch
-    template the max-batch searches write out); the rest share threads as estimate_batches' batches do (their replays
-    under each card's limit run at the same time on several cores)."""
+    card of the catalog. The batch template the max-batch searches write out is recorded first, in the calling
+    thread; then the cards share threads as estimate_batches' batches do (their replays under each card's limit run
+    at the same time on several cores)."""
     spec = spec or resolve_model(workload.model, workload.as_family)
     order = list(dict.fromkeys(capacities))
     out: dict[int, MemoryEstimate] = {}
-    if not order:
-        return out
-    out[order[0]] = estimate(workload, order[0], spec=spec)
-    rest = order[1:]
+    rest = order
     threads = min(workers or default_workers(), len(rest))
+    if threads > 1:
+        structure = workload.model_copy(update={"batch": 1})
+        for meta in dict.fromkeys(fsdp_meta_init(spec, workload, c) for c in order):
+            expect_many_batches(spec, workload, meta)
+            template_for(spec, structure, meta, 1)
     if threads <= 1:
         for c in rest:
             out[c] = estimate(workload, c, spec=spec)
