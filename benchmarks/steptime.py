@@ -2,6 +2,7 @@
 
     python benchmarks/steptime.py                 # table + summary (fit rows, held-out rows, new rows)
     python benchmarks/steptime.py --fit           # refit the constants, write plan/data/steptime_fit.json
+    python benchmarks/steptime.py --fit-decode    # refit decode_host_s alone on the generation rows
     python benchmarks/steptime.py --predict JOBS  # predictions for a job list (calibrate.py's format)
     torchrun --standalone --nproc_per_node=2 benchmarks/steptime.py --nccl OUT.json   # NCCL bus bandwidth (GPU)
 
@@ -169,6 +170,7 @@ BOUNDS = {
     "conv_tf32_eff": (0.02, 0.9),
     "host_s": (1e-6, 3e-4),
     "attn_s0": (1.0, 16384.0),
+    "decode_host_s": (1e-6, 3e-4),
 }
 
 
@@ -190,13 +192,21 @@ def from_eff(eff: Efficiency) -> list[float]:
     return out
 
 
-def fit(rows: list[Row], command: str) -> Efficiency:
-    # the training constants on the fit rows; host_s is set by the generation rows (HF generate is host-bound:
-    # the only rows that measure it), so those are fitted too and are no held-out check
-    train = [r for r in rows if r.group in ("fit", "inference")]
+def fit(rows: list[Row], command: str, decode_only: bool = False) -> Efficiency:
+    # the training constants on the fit rows; then decode_host_s alone on the generation rows (HF generate's decode
+    # steps are host-bound: the only rows that measure it, so those are fitted and are no held-out check)
+    fit_rows = [r for r in rows if r.group == "fit"]
+    generation = [r for r in rows if r.group == "inference"]
     x = from_eff(fitted())
-    for _ in range(3):  # restarts from the best point so far
-        x = nelder_mead(lambda v: loss(train, to_eff(v)), x, [0.5] * len(x))
+    for _ in range(0 if decode_only else 3):  # restarts from the best point so far
+        x = nelder_mead(lambda v: loss(fit_rows, to_eff(v)), x, [0.5] * len(x))
+    k = PARAM_NAMES.index("decode_host_s")
+
+    def with_decode(v: list[float]) -> list[float]:
+        return [*x[:k], v[0], *x[k + 1 :]]
+
+    x = with_decode(nelder_mead(lambda v: loss(generation, to_eff(with_decode(v))), [x[k]], [0.5]))
+    train = fit_rows + generation
     eff = to_eff(x)
     nccl = json.loads((CAL / "nccl_h200x2.json").read_text(encoding="utf-8"))
     data = {
@@ -322,6 +332,9 @@ def nccl_bench(out: Path) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fit", action="store_true", help="refit the constants and write plan/data/steptime_fit.json")
+    ap.add_argument(
+        "--fit-decode", action="store_true", help="refit decode_host_s alone (on the generation rows), the rest kept"
+    )
     ap.add_argument("--predict", type=Path, help="a job list (calibrate.py format): print predicted step seconds")
     ap.add_argument("--nccl", type=Path, help="under torchrun: measure NCCL bus bandwidth, write this JSON")
     ap.add_argument(
@@ -353,8 +366,9 @@ def main() -> int:
         return 0
     rows = load_rows()
     eff = fitted()
-    if opts.fit:
-        eff = fit(rows, "python benchmarks/steptime.py --fit")
+    if opts.fit or opts.fit_decode:
+        flag = "--fit" if opts.fit else "--fit-decode"
+        eff = fit(rows, f"python benchmarks/steptime.py {flag}", decode_only=not opts.fit)
     print("constants: " + ", ".join(f"{k}={v:.4g}" for k, v in eff.to_json().items()))
     print(table(rows, eff))
     for group in ("fit", "held-out", "new", "inference", "history", "re-measured", "memory sets"):

@@ -52,6 +52,9 @@ class Efficiency:
     conv_tf32_eff: float  # the same for fp32 convolutions on TF32 tensor cores (cuDNN picks other kernels)
     host_s: float  # host seconds per op in eager PyTorch (bounds host-bound steps, e.g. decoding)
     attn_s0: float  # keys per query at which a fused attention kernel reaches half of attn_eff
+    # host seconds per kernel of a decode step in HF generate(), warm (every shape seen before): the step is
+    # host-bound, the GPU idle most of it (docs/calibration/gen_speed_h200.tsv: kernels 2.7-36 ms of 18-88 ms steps)
+    decode_host_s: float
 
     def to_json(self) -> dict[str, float]:
         return {k: float(getattr(self, k)) for k in PARAM_NAMES}
@@ -77,6 +80,7 @@ PARAM_NAMES = (
     "conv_tf32_eff",
     "host_s",
     "attn_s0",
+    "decode_host_s",
 )
 
 
@@ -185,11 +189,13 @@ def _sum(ops: Iterable[Op], gpu: Gpu, eff: Efficiency, precision: str, notes: se
     return out
 
 
-def _host_bound(ops: Iterable[Op], eff: Efficiency, gpu_seconds: float) -> float:
-    """Seconds the device waits for the host: kernel launches times host_s (a loop of bare tensor ops, such as an
-    optimizer's per-parameter step, launch_s) beyond the device's own time."""
+def _host_bound(ops: Iterable[Op], eff: Efficiency, gpu_seconds: float, per_op: float | None = None) -> float:
+    """Seconds the device waits for the host: kernel launches times host_s (or `per_op`: decode_host_s for a decode
+    step; a loop of bare tensor ops, such as an optimizer's per-parameter step, launch_s) beyond the device's own
+    time."""
     ops = [op for op in ops if op.kind != "comm"]
-    host = sum(op.kernels * (eff.host_s if op.module_ops else eff.launch_s) for op in ops)
+    module = eff.host_s if per_op is None else per_op
+    host = sum(op.kernels * (module if op.module_ops else eff.launch_s) for op in ops)
     return max(0.0, host - gpu_seconds)
 
 
@@ -222,6 +228,24 @@ def training_breakdown(
     if comm:
         breakdown["comm (exposed)"] = exposed
     return breakdown
+
+
+# Decoding is timed warm: every shape seen before. On Hopper and Blackwell PyTorch >= 2.10 (with cuDNN > 9.15)
+# tries cuDNN's attention first, which builds an execution plan for every new shape, so each decode step of a
+# request longer than any before it builds one (a new key length). benchmarks/gen_speed.py on the H200 (torch 2.11,
+# cuDNN 9.19; docs/calibration/gen_speed_h200.tsv): a first generate() call took 1.2-8.9x the same call again, 18-146 ms
+# more per new token, and with enable_cudnn_sdp(False) the first call was as fast as the second.
+FIRST_REQUEST_NOTE = (
+    "decode time is warm: on Hopper and Blackwell cards PyTorch >= 2.10 runs attention through cuDNN, which builds "
+    "a plan for each new sequence length, so a request longer than any before it took 1.2-8.9x as long on the H200 "
+    "(torch.backends.cuda.enable_cudnn_sdp(False) avoids that)"
+)
+
+
+def _cudnn_attention_first(gpu: Gpu) -> bool:
+    """Whether SDPA takes cuDNN's kernel first on `gpu` (compute capability 9.x or 10.x, recent PyTorch)."""
+    cc = gpu.compute_capability
+    return cc is not None and cc.split(".", 1)[0] in ("9", "10")
 
 
 def step_time(
@@ -265,10 +289,12 @@ def step_time(
             mid = w.seq + w.new_tokens // 2
             dops = lm_decode_ops(spec, w, mid)
             decode = _sum(dops, gpu, eff, w.precision, notes)
-            decode["host (exposed)"] = _host_bound(dops, eff, sum(decode.values()))
+            decode["host (exposed)"] = _host_bound(dops, eff, sum(decode.values()), eff.decode_host_s)
             for k, v in decode.items():
                 breakdown[f"decode {k}"] = v * w.new_tokens
             units = w.batch * w.new_tokens * w.gpus
+            if _cudnn_attention_first(gpu):
+                notes.add(FIRST_REQUEST_NOTE)
     total = sum(breakdown.values())
     host = sum(v for k, v in breakdown.items() if k.endswith("host (exposed)"))
     if total > 0 and host > 0.5 * total:
