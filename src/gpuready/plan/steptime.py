@@ -159,6 +159,15 @@ def _gemm_eff(eff: Efficiency, op: Op) -> float:
     return base * shape
 
 
+# A fused attention kernel given a mask tensor computes the whole square and reads the mask, at a rate the fitted
+# curve (reached by the causal kernels) does not: benchmarks/attn_speed.py on the H200 (docs/calibration/
+# attn_speed_h200.tsv, 2026-12-02, batch 1, 32 heads of 128, bf16, the sliding-window mask transformers builds):
+# cuDNN's kernel with the mask, forward + backward, 240-309 TFLOP/s at 2k-32k tokens (the dispatcher's choice:
+# 243-307), where its causal kernel reached 270-545 and the fitted curve gives 314-565. Measured, not fitted: the
+# median of the masked forward + backward rates at 4k-32k, over the H200's 989 TFLOP/s.
+MASKED_ATTN_SHARE = 0.30
+
+
 def op_seconds(op: Op, gpu: Gpu, eff: Efficiency, precision: str, notes: set[str] | None = None) -> float:
     """Seconds of one op on one card (comm ops: the transfer alone; overlap is decided by `step_time`)."""
     bw = (gpu.mem_bw_gbs or 0.0) * GB * eff.bw_eff
@@ -175,6 +184,8 @@ def op_seconds(op: Op, gpu: Gpu, eff: Efficiency, precision: str, notes: set[str
     share = eff.attn_eff * (eff.fp32_eff / eff.mm_eff if op.math == "fp32" else 1.0)
     if op.kind == "attention" and op.n:
         share *= op.n / (op.n + eff.attn_s0)  # short key spans leave the fused kernel's tiles part-empty
+    if op.masked:
+        share = min(share, MASKED_ATTN_SHARE)
     if op.kind == "matmul":
         share = _gemm_eff(eff, op)
     share *= VENDOR_MATMUL_SCALE.get(gpu.vendor, 1.0)

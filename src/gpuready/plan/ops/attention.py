@@ -45,9 +45,11 @@ def _attention(
         io = 4.0 * bh * q_len * head_dim * e  # q, k, v in, out
         if masked:
             io += float(bh) * q_len * kv_len * e  # the mask, read for each head
-        s.add(Op("attention", "attention", f, io, layers, q_len, span, head_dim, math=math), fwd)
+        s.add(Op("attention", "attention", f, io, layers, q_len, span, head_dim, math=math, masked=masked), fwd)
         if backward:
-            s.add(Op("attention", "attention", 2.5 * f, 2.5 * io, layers, q_len, span, head_dim, math=math))
+            s.add(
+                Op("attention", "attention", 2.5 * f, 2.5 * io, layers, q_len, span, head_dim, math=math, masked=masked)
+            )
         return
     # math / eager: two batched GEMMs over the whole square, then element-wise passes over the scores
     scores = float(bh) * q_len * kv_len

@@ -4,7 +4,7 @@ builder, the GEMM and memory-pass constructors, and a linear layer's forward and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from gpuready.workload import Workload
@@ -33,6 +33,9 @@ class Op:
     # issued by the model's forward and backward, at eager PyTorch's host cost per op (steptime.py `host_s`); a
     # loop of bare tensor ops outside any module (an optimizer's per-parameter step) costs its launches only
     module_ops: bool = True
+    # attention given a mask tensor (a sliding window past its length): the kernel runs at a lower rate
+    # (steptime.py MASKED_ATTN_SHARE)
+    masked: bool = False
 
 
 def _gemm(
@@ -63,9 +66,7 @@ class _Steps:
         if times == 1.0:
             self.ops.append(op)
         else:
-            self.ops.append(
-                Op(op.name, op.kind, op.flops * times, op.bytes * times, op.kernels * times, op.m, op.n, op.k, op.math)
-            )
+            self.ops.append(replace(op, flops=op.flops * times, bytes=op.bytes * times, kernels=op.kernels * times))
 
 
 def _matmul_math(w: Workload) -> Math:

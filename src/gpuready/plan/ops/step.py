@@ -4,6 +4,8 @@ GPUs, DDP's gradient all-reduce or FSDP2's all-gathers and reduce-scatter as byt
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gpuready.memory.dtypes import dtypes_for
 from gpuready.models.spec import ModelSpec
 from gpuready.plan.ops.base import Op, _mem
@@ -52,19 +54,7 @@ def comm_ops(spec: ModelSpec, w: Workload) -> list[Op]:
 def training_ops(spec: ModelSpec, w: Workload) -> list[Op]:
     """Every op of one optimizer step on one GPU: grad_accum micro-batches, the optimizer, communication."""
     micro = lm_ops(spec, w) if spec.kind == "lm" else vision_ops(spec, w)
-    ops = [
-        Op(
-            o.name,
-            o.kind,
-            o.flops * w.grad_accum,
-            o.bytes * w.grad_accum,
-            o.kernels * w.grad_accum,
-            o.m,
-            o.n,
-            o.k,
-            o.math,
-        )
-        for o in micro
-    ]
+    a = w.grad_accum
+    ops = [replace(o, flops=o.flops * a, bytes=o.bytes * a, kernels=o.kernels * a) for o in micro]
     shards = w.gpus if w.shard in ("fsdp", "zero3") else 1
     return ops + optimizer_ops(spec, w, shards) + comm_ops(spec, w)
