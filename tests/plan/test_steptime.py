@@ -178,7 +178,7 @@ def test_the_committed_held_out_predictions_were_made_before_the_rows_they_predi
     jobs = {line.split("\t", 1)[1] for line in predicted.splitlines() if line and not line.startswith("#")}
     measured = set()
     for f in sorted((ROOT / "docs" / "calibration").glob("steptime_h200_new*.jsonl")):
-        if f.name != "steptime_h200_new_c.jsonl":
+        if f.name not in ("steptime_h200_new_c.jsonl", "steptime_h200_new_d.jsonl"):
             measured |= {json.loads(line)["args"] for line in f.read_text(encoding="utf-8").splitlines()}
     assert measured == jobs and len(jobs) == 15
     # the warm generation rows: predicted (by the model before decode_host_s) before gen_speed.py timed them
@@ -186,6 +186,11 @@ def test_the_committed_held_out_predictions_were_made_before_the_rows_they_predi
     gen_jobs = {line.split("\t", 1)[1] for line in gen.splitlines() if line and not line.startswith("#")}
     warm = (ROOT / "docs" / "calibration" / "steptime_h200_new_c.jsonl").read_text(encoding="utf-8")
     assert {json.loads(line)["args"] for line in warm.splitlines()} == gen_jobs and len(gen_jobs) == 10
+    # the second set: predicted with decode_host_s fitted on the first, before gen_speed.py timed it
+    gen_b = (ROOT / "docs" / "calibration" / "gen_speed_b_predicted.txt").read_text(encoding="utf-8")
+    b_jobs = {line.split("\t", 1)[1] for line in gen_b.splitlines() if line and not line.startswith("#")}
+    warm_b = (ROOT / "docs" / "calibration" / "steptime_h200_new_d.jsonl").read_text(encoding="utf-8")
+    assert {json.loads(line)["args"] for line in warm_b.splitlines()} == b_jobs and len(b_jobs) == 9
 
 
 def test_the_fit_file_names_its_rows_and_keeps_the_held_out_ones_out() -> None:
