@@ -16,6 +16,11 @@ is built as the probe builds it (trial/probe.py: random weights, on the GPU) and
   the kernels launched per step.
 
     python3 benchmarks/gen_speed.py JOBS > docs/calibration/gen_speed_h200.tsv
+    python3 benchmarks/gen_speed.py --probe JOBS   # the probe itself, two generate() calls per job
+
+`--probe` runs gpuready's probe (trial/probe.py, a fresh process per job, GPUREADY_PROBE_GENERATE_CALLS=2) and prints
+each call's seconds and the peaks after the first call against the whole run's: whether a second call, which times
+the request warm, leaves the measured peaks as one call leaves them.
 
 One line per (job, way): seconds for the request, milliseconds per new token, and the process's CPU seconds over
 the same span (a loop bound by the host shows CPU seconds close to the wall seconds).
@@ -109,12 +114,48 @@ def _job(torch: Any, args: str) -> None:
         torch.backends.cuda.enable_cudnn_sdp(True)
 
 
+def probe_twice(args: str) -> str:
+    """One job through the probe with two generate() calls: a line of the --probe table."""
+    import json
+    import os
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from gpuready.trial.backend import probe_spec
+    from gpuready.workload import workload_from_args
+
+    with tempfile.TemporaryDirectory() as tmp:
+        spec, result = Path(tmp, "spec.json"), Path(tmp, "result.json")
+        spec.write_text(json.dumps(probe_spec(workload_from_args(args))), encoding="utf-8")
+        env = {**os.environ, "GPUREADY_PROBE_GENERATE_CALLS": "2"}
+        cmd = [sys.executable, "-m", "gpuready.trial.probe", str(spec), str(result)]
+        subprocess.run(cmd, env=env, check=False, timeout=600)
+        r = json.loads(result.read_text(encoding="utf-8")) if result.is_file() else {"error": "no result"}
+    if not r.get("ok"):
+        return f"{args}\terror: {r.get('error')}"
+    first, second = r["step_times"][:2]
+    cells = [f"{first:.3f}", f"{second:.3f}"]
+    for key in ("allocated", "reserved"):
+        cells += [str(r[f"first_step_peak_{key}_bytes"]), str(r[f"peak_{key}_bytes"])]
+    return "\t".join([args, *cells])
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 2 and argv[0] == "--probe":
+        with open(argv[1], encoding="utf-8") as f:
+            jobs = [ln.strip() for ln in f if ln.strip() and not ln.startswith("#")]
+        stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        print(f"# {stamp}, gpuready's probe, GPUREADY_PROBE_GENERATE_CALLS=2")
+        print("job\tfirst_s\tsecond_s\talloc_after_first\talloc_run\treserved_after_first\treserved_run")
+        for args in jobs:
+            print(probe_twice(args), flush=True)
+        return 0
     import torch
 
-    argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        sys.stderr.write("usage: gen_speed.py JOBS\n")
+        sys.stderr.write("usage: gen_speed.py [--probe] JOBS\n")
         return 2
     with open(argv[0], encoding="utf-8") as f:
         lines = [ln.strip() for ln in f]

@@ -45,6 +45,9 @@ from gpuready.workload.spec import SAMPLING
 # Steps per job as calibration/README.md measures them; GPUREADY_PROBE_STEPS overrides (timing studies).
 LM_STEPS = int(os.environ.get("GPUREADY_PROBE_STEPS", "3"))
 VISION_STEPS = int(os.environ.get("GPUREADY_PROBE_STEPS", "4"))
+# generate() calls per generation job; one as calibration/README.md measures them. With more, step_times has each
+# call (the first builds cuDNN's attention plans, docs/steptime.md) and first_step_peak_* the peaks after the first
+GENERATE_CALLS = int(os.environ.get("GPUREADY_PROBE_GENERATE_CALLS", "1"))
 NEEDS_BNB = "needs bitsandbytes, which is not installed here (pip install bitsandbytes)"
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -376,7 +379,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
                     with torch.no_grad(), _autocast(torch, w):
                         model.generate(ids, max_new_tokens=n, min_new_tokens=n, **decoding)
 
-                count = 1
+                count = max(1, GENERATE_CALLS)
                 per_step = batch * n
             else:
                 result["phase"] = "prefill"
@@ -390,10 +393,13 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         if bench:
             _run_for(torch, clock, step, float(bench["duration_seconds"]), per_step, rank, world, result)
         else:
-            for _ in range(count):
+            for i in range(count):
                 t0 = clock.now()
                 step()
                 times.append(clock.now() - t0)
+                if i == 0 and count > 1:  # what the first step alone reached (the whole run's peaks come below)
+                    result["first_step_peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
+                    result["first_step_peak_reserved_bytes"] = int(torch.cuda.max_memory_reserved())
         torch.cuda.synchronize()
         if not bench:
             result["step_times"] = times
