@@ -302,3 +302,21 @@ def test_a_model_without_an_sdpa_path_is_skipped_with_the_flag_to_use() -> None:
     with pytest.raises(ValueError):  # any other error, or eager asked for, is the job's fault as before
         sdpa_or_skip(refuse, "gemma2", "eager")
     assert sdpa_or_skip(lambda: 7, "llama", "sdpa") == 7
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not Path("/dev/nvidia0").exists(), reason="needs an NVIDIA GPU")
+def test_generation_is_timed_by_its_second_call_with_the_first_calls_peaks(tmp_path: Path) -> None:
+    """The probe times a generation request by its second generate() call (warm: the first builds cuDNN's attention
+    plans on Hopper) and the second call leaves the peaks as the first did (docs/calibration/gen_twice_h200.tsv)."""
+    import subprocess
+
+    spec, result = tmp_path / "spec.json", tmp_path / "result.json"
+    job = make_workload(model="qwen2.5-0.5b", task="infer", batch=4, seq=128, new_tokens=16, precision="bf16")
+    spec.write_text(json.dumps(probe_spec(job)), encoding="utf-8")
+    cmd = [sys.executable, "-m", "gpuready.trial.probe", str(spec), str(result)]
+    subprocess.run(cmd, check=True, timeout=600)
+    r = json.loads(result.read_text(encoding="utf-8"))
+    assert r["ok"] and len(r["step_times"]) == 2 and r["step_seconds"] == r["step_times"][1]
+    assert r["first_step_peak_allocated_bytes"] == r["peak_allocated_bytes"]
+    assert r["first_step_peak_reserved_bytes"] == r["peak_reserved_bytes"]

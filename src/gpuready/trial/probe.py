@@ -45,9 +45,13 @@ from gpuready.workload.spec import SAMPLING
 # Steps per job as calibration/README.md measures them; GPUREADY_PROBE_STEPS overrides (timing studies).
 LM_STEPS = int(os.environ.get("GPUREADY_PROBE_STEPS", "3"))
 VISION_STEPS = int(os.environ.get("GPUREADY_PROBE_STEPS", "4"))
-# generate() calls per generation job; one as calibration/README.md measures them. With more, step_times has each
-# call (the first builds cuDNN's attention plans, docs/steptime.md) and first_step_peak_* the peaks after the first
-GENERATE_CALLS = int(os.environ.get("GPUREADY_PROBE_GENERATE_CALLS", "1"))
+# generate() calls per generation job: two, and the request is timed by the second (step_seconds: warm, as `plan`
+# times it; step_times has both). The first builds cuDNN's attention plans, one per new key length, on Hopper and
+# Blackwell (docs/steptime.md: 1.2-8.9x the second on the H200). The second call leaves the peaks as the first left
+# them (first_step_peak_* against the run's, byte for byte on 5 of 5 memory-set jobs: docs/calibration/
+# gen_twice_h200.tsv), so the peaks are those of one call, as calibration/README.md measures them.
+# GPUREADY_PROBE_GENERATE_CALLS=1 gives calibration's single timed call.
+GENERATE_CALLS = int(os.environ.get("GPUREADY_PROBE_GENERATE_CALLS", "2"))
 NEEDS_BNB = "needs bitsandbytes, which is not installed here (pip install bitsandbytes)"
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
