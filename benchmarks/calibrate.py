@@ -6,7 +6,8 @@ allocator history into DIR/NAME.json through the probe's GPUREADY_PROBE_MEMORY_H
 with exactly the keys of
 ../shared/calibration/h200.jsonl (id, args, gpu, gpus, peak_allocated_bytes, peak_reserved_bytes,
 device_overhead_bytes, params, trainable, step_seconds); inference rows add request_seconds (the probe's
-second timed generate() call, warm, since session 20, or its second prefill forward); a job that fails keeps null peaks and adds `error`.
+second timed generate() call, warm, since session 20, or its second prefill forward); a job that fails keeps null
+peaks and adds `error`.
 
     python benchmarks/calibrate.py JOBS.txt OUT.jsonl [--timeout 300] [--nproc 2] [--history-dir DIR]
     python benchmarks/calibrate.py JOBS.txt PREDICTED.txt --predict   # no GPU: the estimator's predictions
