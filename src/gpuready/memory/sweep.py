@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from gpuready.errors import InputError
 from gpuready.memory.estimate import estimate, expect_many_batches, fsdp_meta_init, template_for
@@ -26,6 +27,7 @@ from gpuready.workload.validate import CheckedWorkload, check_workload, does_not
 # the workload fields a sweep may vary, one at a time (those `trial --sweep` measures: trial/sweep.py)
 SWEEPABLE = ("batch", "seq", "new_tokens", "image_size", "lora_r", "grad_accum")
 SERIAL_FIRST = 2  # batches estimated before the threads start: the program's build and the template's
+T = TypeVar("T")
 MAX_WORKERS = 8  # more threads than this gain nothing: the Python between the compiled calls holds the GIL
 
 
@@ -84,26 +86,35 @@ def estimate_batches(
             results[i] = one(jobs[i])
         return [r for r in results if r is not None]
 
+    def fill(i: int) -> None:
+        results[i] = one(jobs[i])
+
+    _on_threads(fill, rest, threads)
+    return [r for r in results if r is not None]
+
+
+def _on_threads(run: Callable[[T], None], items: list[T], threads: int) -> None:
+    """run(item) for every item, the items dealt round-robin to `threads` threads; the first exception raised in a
+    thread stops the others' next items and is raised here, in the caller's thread."""
     errors: list[BaseException] = []
 
-    def work(indices: list[int]) -> None:
-        for i in indices:
+    def work(part: list[T]) -> None:
+        for item in part:
             if errors:
                 return
             try:
-                results[i] = one(jobs[i])
+                run(item)
             except BaseException as exc:  # handed to the caller's thread below
                 errors.append(exc)
                 return
 
-    pool = [threading.Thread(target=work, args=(rest[k::threads],), daemon=True) for k in range(threads)]
+    pool = [threading.Thread(target=work, args=(items[k::threads],), daemon=True) for k in range(threads)]
     for t in pool:
         t.start()
     for t in pool:
         t.join()
     if errors:
         raise errors[0]
-    return [r for r in results if r is not None]
 
 
 def estimate_cards(
@@ -127,25 +138,11 @@ def estimate_cards(
         for c in rest:
             out[c] = estimate(workload, c, spec=spec)
         return out
-    errors: list[BaseException] = []
 
-    def work(part: list[int]) -> None:
-        for c in part:
-            if errors:
-                return
-            try:
-                out[c] = estimate(workload, c, spec=spec)
-            except BaseException as exc:  # handed to the caller's thread below
-                errors.append(exc)
-                return
+    def fill(c: int) -> None:
+        out[c] = estimate(workload, c, spec=spec)
 
-    pool = [threading.Thread(target=work, args=(rest[k::threads],), daemon=True) for k in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    if errors:
-        raise errors[0]
+    _on_threads(fill, rest, threads)
     return {c: out[c] for c in order}
 
 
