@@ -184,7 +184,7 @@ def op_seconds(op: Op, gpu: Gpu, eff: Efficiency, precision: str, notes: set[str
     share = eff.attn_eff * (eff.fp32_eff / eff.mm_eff if op.math == "fp32" else 1.0)
     if op.kind == "attention" and op.n:
         share *= op.n / (op.n + eff.attn_s0)  # short key spans leave the fused kernel's tiles part-empty
-    if op.masked:
+    if op.masked and op.math == "half":  # (measured in bf16 only; fp32 masks take the memory-efficient kernel)
         share = min(share, MASKED_ATTN_SHARE)
     if op.kind == "matmul":
         share = _gemm_eff(eff, op)
@@ -241,20 +241,21 @@ def training_breakdown(
     return breakdown
 
 
-# Decoding is timed warm: every shape seen before. On Hopper and Blackwell PyTorch >= 2.10 (with cuDNN > 9.15)
-# tries cuDNN's attention first, which builds an execution plan for every new shape, so each decode step of a
+# Decoding is timed warm: every shape seen before. On Hopper and Blackwell, SDPA tries cuDNN's attention first where
+# PyTorch's cuDNN is newer than 9.15 (sdp_utils.cpp check_prefer_cudnn_attention, in PyTorch since 2.10; the 2.11
+# wheels bundle cuDNN 9.19), and cuDNN builds an execution plan for every new shape, so each decode step of a
 # request longer than any before it builds one (a new key length). benchmarks/gen_speed.py on the H200 (torch 2.11,
 # cuDNN 9.19; docs/calibration/gen_speed_h200.tsv): a first generate() call took 1.2-8.9x the same call again, 18-146 ms
 # more per new token, and with enable_cudnn_sdp(False) the first call was as fast as the second.
 FIRST_REQUEST_NOTE = (
-    "decode time is warm: on Hopper and Blackwell cards PyTorch >= 2.10 runs attention through cuDNN, which builds "
-    "a plan for each new sequence length, so a request longer than any before it took 1.2-8.9x as long on the H200 "
-    "(torch.backends.cuda.enable_cudnn_sdp(False) avoids that)"
+    "decode time is warm: on Hopper and Blackwell cards recent PyTorch (2.11: cuDNN 9.19) runs attention through "
+    "cuDNN, which builds a plan for each new sequence length, so a request longer than any before it took 1.2-8.9x "
+    "as long on the H200 (torch.backends.cuda.enable_cudnn_sdp(False) avoids that)"
 )
 
 
 def _cudnn_attention_first(gpu: Gpu) -> bool:
-    """Whether SDPA takes cuDNN's kernel first on `gpu` (compute capability 9.x or 10.x, recent PyTorch)."""
+    """Whether SDPA takes cuDNN's kernel first on `gpu` with recent PyTorch (compute capability 9.x or 10.x)."""
     cc = gpu.compute_capability
     return cc is not None and cc.split(".", 1)[0] in ("9", "10")
 
