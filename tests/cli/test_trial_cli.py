@@ -124,3 +124,16 @@ def test_run_status_tells_ok_partial_failed() -> None:
     assert run_status([ok, bad], True) == "interrupted"
     assert run_status([ok, bad], False, found_max=1) == "ok"
     assert run_status([bad], False, found_max=0) == "failed"
+
+
+def test_a_generation_trial_shows_what_its_first_call_took() -> None:
+    from gpuready.cli.trial import first_call_line
+    from gpuready.trial.result import Point
+
+    def point(**detail: object) -> Point:
+        return Point(values={}, ok=True, status="ok", step_seconds=2.0, detail=dict(detail))
+
+    line = first_call_line([point(generate_calls=2, step_times=[7.0, 2.0])])
+    assert line is not None and line.startswith("first generate() call: 7.000 s, 3.5x the timed (warm) call")
+    assert first_call_line([point(step_times=[0.5, 0.4])]) is None  # a prefill's two forwards
+    assert first_call_line([point(generate_calls=1, step_times=[7.0])]) is None  # calibration's single call

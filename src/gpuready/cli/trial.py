@@ -219,6 +219,20 @@ def _progress(json_out: bool) -> tuple[Any, Any]:
     return progress, progress.add_task("trial", total=None)
 
 
+def first_call_line(points: list[Any]) -> str | None:
+    """For a generation trial (the probe times the request by its second generate() call): what the first call
+    took, which on Hopper and Blackwell builds cuDNN's attention plans, one per new length (docs/steptime.md)."""
+    for p in points:
+        times = p.detail.get("step_times") or []
+        if p.ok and p.detail.get("generate_calls") == 2 and len(times) == 2 and times[1] > 0:
+            first, warm = times
+            return (
+                f"first generate() call: {first:.3f} s, {first / warm:.1f}x the timed (warm) call; a request longer "
+                "than any before it pays this once per new length (cuDNN's attention plans on Hopper and Blackwell)"
+            )
+    return None
+
+
 def _render(result: Any, predict: Any) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -240,6 +254,9 @@ def _render(result: Any, predict: Any) -> None:
             f"{p.throughput:,.0f} {p.throughput_unit or ''}" if p.throughput else "-",
         )
     console.print(table)
+    cold = first_call_line(result.points)
+    if cold:
+        console.print(cold, markup=False, highlight=False)
     errors = [p for p in result.points if not p.ok and p.error and p.status != "skipped"]
     for p in errors[:3]:
         console.print(f"[red]{p.status}[/red] at {p.values}: {p.error}", markup=True, highlight=False)

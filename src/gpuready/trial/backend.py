@@ -103,6 +103,7 @@ def point_from_probe(
             "load_seconds",
             "load_reserved_bytes",
             "step_times",
+            "generate_calls",
             "torch_version",
             "transformers_version",
             "device_memory_source",

@@ -384,6 +384,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
                         model.generate(ids, max_new_tokens=n, min_new_tokens=n, **decoding)
 
                 count = max(1, GENERATE_CALLS)
+                result["generate_calls"] = count
                 per_step = batch * n
             else:
                 result["phase"] = "prefill"
