@@ -66,8 +66,8 @@ def _job(torch: Any, args: str) -> None:
 
         return call
 
-    def show(way: str, seconds: float, cpu: float, tokens: int = n) -> None:
-        print(f"{args}\t{way}\t{seconds:.3f}\t{1000 * seconds / tokens:.2f}\t{cpu:.3f}", flush=True)
+    def show(way: str, seconds: float, cpu: float) -> None:
+        print(f"{args}\t{way}\t{seconds:.3f}\t{1000 * seconds / n:.2f}\t{cpu:.3f}", flush=True)
 
     first = request(seq)
     show("first", *_timed(torch, first))

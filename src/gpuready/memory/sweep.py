@@ -127,22 +127,20 @@ def estimate_cards(
     spec = spec or resolve_model(workload.model, workload.as_family)
     order = list(dict.fromkeys(capacities))
     out: dict[int, MemoryEstimate] = {}
-    rest = order
-    threads = min(workers or default_workers(), len(rest))
-    if threads > 1:
-        structure = workload.model_copy(update={"batch": 1})
-        for meta in dict.fromkeys(fsdp_meta_init(spec, workload, c) for c in order):
-            expect_many_batches(spec, workload, meta)
-            template_for(spec, structure, meta, 1)
-    if threads <= 1:
-        for c in rest:
-            out[c] = estimate(workload, c, spec=spec)
-        return out
 
     def fill(c: int) -> None:
         out[c] = estimate(workload, c, spec=spec)
 
-    _on_threads(fill, rest, threads)
+    threads = min(workers or default_workers(), len(order))
+    if threads <= 1:
+        for c in order:
+            fill(c)
+        return out
+    structure = workload.model_copy(update={"batch": 1})
+    for meta in dict.fromkeys(fsdp_meta_init(spec, workload, c) for c in order):
+        expect_many_batches(spec, workload, meta)
+        template_for(spec, structure, meta, 1)
+    _on_threads(fill, order, threads)
     return {c: out[c] for c in order}
 
 
