@@ -47,7 +47,8 @@ SWEEPS = (("gpt2", 256, 128), ("llama-3.2-1b", 2048, 64), ("llama-3.1-8b", 2048,
 
 def _env(src: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env["PYTHONPATH"] = str(src)
+    # the tree's src first, then whatever path was given (a machine whose dependencies sit in a folder of their own)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(src), os.environ.get("PYTHONPATH", "")) if p)
     return env
 
 
