@@ -36,10 +36,14 @@ def _lm_layer_elementwise(spec: ModelSpec, w: Workload, tokens: int, r: int) -> 
     elif spec.gated_mlp:
         act_b = t * inter * (2 * e + 3 * e)  # act(gate), act * up
         act_k = 2
-    else:
+    elif spec.model_type == "gpt2":
         # gpt2's gelu_new is written out in Python: pow, mul, add, mul, tanh, add, mul, mul (8 kernels)
         act_b = t * inter * 8 * 2 * e
         act_k = 8
+    else:
+        # GPT-NeoX's hidden_act "gelu": transformers' GELUActivation calls F.gelu, one fused kernel (read, write)
+        act_b = t * inter * 2 * e
+        act_k = 1
     resid_b = 2 * t * h * 3 * r  # two residual adds: read two, write one
     rope_b = 0.0
     rope_k = 0
@@ -47,6 +51,10 @@ def _lm_layer_elementwise(spec: ModelSpec, w: Workload, tokens: int, r: int) -> 
         qk = t * (spec.heads + spec.kv_heads) * spec.head_dim
         rope_b = qk * e * 10  # rotate_half (two slices, neg, cat) then q*cos + rot*sin
         rope_k = 12
+        if spec.rotary_dims and spec.rotary_dims < spec.head_dim:
+            # GPT-NeoX's partial rotary: the same on the rotated slice, then cat with the rest (read, write all)
+            rope_b = qk * e * (10 * spec.rotary_dims / spec.head_dim + 2)
+            rope_k = 14
     drop_b = 0.0
     drop_k = 0
     if spec.model_type == "gpt2" and w.training:
