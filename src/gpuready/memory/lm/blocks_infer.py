@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gpuready.memory.lm import nf4
 from gpuready.memory.lm.blocks_gpt import gpt2_block_nograd, neox_block_nograd
-from gpuready.memory.lm.context import GEMMA_FAMILY, Ctx, layer_lora, mlp_width, sliding_layer
+from gpuready.memory.lm.context import GEMMA_FAMILY, Ctx, layer_lora, masked_attention, mlp_width
 from gpuready.memory.lm.moe import (
     EXPERTS_INTERFACE_TYPES,
     batched_experts_decode,
@@ -222,7 +222,7 @@ def block_nograd(
         if autocast:  # SDPA under autocast: the fp32 rotated k and q cast to bf16 for the kernel
             math_tmps += [prog.alloc("activations", T * k_w * e), prog.alloc("activations", T * q_w * e)]
         mask_float = 0
-        if ctx.backend == "efficient" and ctx.mask and ctx.w.batch < T and sliding_layer(spec, layer):
+        if masked_attention(ctx.backend, ctx.mask, spec, layer) and ctx.w.batch < T:
             # a sliding-window mask: transformers repeats K and V to every head (no enable_gqa with a mask) and the
             # memory-efficient kernel takes the boolean mask as a [B, 1, S, S] tensor in the model's dtype
             # (h48_gen_gemma3_4b_b8: 128 + 128 + 256 MiB at 8 x 4096 for gemma-3-4b's sliding layers); a global layer

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gpuready.memory.lm import nf4
 from gpuready.memory.lm.autograd import Layer, Saved
-from gpuready.memory.lm.context import GEMMA_NORMS, Ctx, sliding_layer
+from gpuready.memory.lm.context import GEMMA_NORMS, Ctx, masked_attention
 from gpuready.memory.lm.eager import eager_attention_train
 from gpuready.memory.lm.ops import lora_update, rms_norm_frozen, rms_norm_start, rope
 from gpuready.memory.program import Program
@@ -318,7 +318,7 @@ def plain_block_forward(
         # the boolean mask to the query's dtype, [B, 1, S, S], kept for the kernel's backward (the recorded histories
         # h51_lora_mistral7b_b1_s4096, h50_lora_phi3mini_b2_s4096: 64 MiB a layer at 2 x 4096, allocated -3.4%
         # without it; h50_ft_gemma3_1b_b4, whose global layers take no mask)
-        masked = ctx.backend == "efficient" and ctx.mask and sliding_layer(spec, layer)
+        masked = masked_attention(ctx.backend, ctx.mask, spec, layer)
         repeated = masked and 1 < kv < a
         save_handle(q_new, T * q_w * e)
         if repeated:

@@ -15,8 +15,8 @@ from gpuready.memory.lm.context import (
     Ctx,
     layer_linears,
     layer_lora,
+    masked_attention,
     mlp_width,
-    sliding_layer,
     softmax_upcast_copy,
 )
 from gpuready.memory.lm.moe import EXPERTS_INTERFACE_TYPES, grouped_experts_forward, llama4_experts_forward
@@ -171,7 +171,7 @@ def block_forward(
     drop(q_out)
     drop(k_out)
     if backend in ("flash", "efficient"):
-        if backend == "efficient" and ctx.mask and sliding_layer(spec, layer) and spec.kv_heads > 1:
+        if masked_attention(backend, ctx.mask, spec, layer) and spec.kv_heads > 1:
             # SDPA converts the boolean sliding-window mask to the query's dtype ([B, 1, S, S]) for the
             # memory-efficient kernel, which keeps it for its backward: one per layer (mistral-7b LoRA 1 x 4096
             # allocated -1.7% without it, and with checkpointing two at the recomputed layer's peak: -1.2%, -0.6%).

@@ -118,6 +118,16 @@ def sliding_layer(spec: ModelSpec, layer: int) -> bool:
     return (layer + 1) % period != 0
 
 
+def masked_attention(backend: str, mask: bool, spec: ModelSpec, layer: int | None = None) -> bool:
+    """Whether a layer's attention runs SDPA's memory-efficient kernel with a mask tensor (attention_backend's
+    "efficient" with a mask: a sliding-window model past its window) on a sliding-window layer; a global layer has no
+    mask (is_causal). `layer` None: the sliding layers as a group. The memory programs (the mask in the query's dtype,
+    K/V repeated to every head) and the step time (plan/ops/lm.py: the masked kernel's rate) ask this."""
+    if backend != "efficient" or not mask:
+        return False
+    return bool(spec.sliding_window and spec.sliding_layers) if layer is None else sliding_layer(spec, layer)
+
+
 def attention_backend(spec: ModelSpec, w: Workload, dt: Dtypes, seq: int) -> tuple[str, bool]:
     """The kernel CUDA's SDPA dispatcher would pick for this job, and whether a mask tensor is built."""
     if w.attn == "eager" or spec.attn_sinks:  # gpt-oss: transformers has no SDPA path for attention sinks

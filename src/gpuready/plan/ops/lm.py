@@ -5,7 +5,7 @@ of generation (`lm_decode_ops`), and of a decoder layer's element-wise ops.
 from __future__ import annotations
 
 from gpuready.memory.dtypes import dtypes_for
-from gpuready.memory.lm.context import attention_backend, lora_targets
+from gpuready.memory.lm.context import attention_backend, lora_targets, masked_attention
 from gpuready.models.spec import ModelSpec
 from gpuready.plan.ops.attention import _attention
 from gpuready.plan.ops.base import Op, _gemm, _linear, _matmul_math, _mem, _Steps
@@ -154,7 +154,7 @@ def lm_ops(spec: ModelSpec, w: Workload, *, tokens: int | None = None, training:
                 fwd=fwd,
                 backward=training,
                 layers=n_layers,
-                masked=window is not None and backend == "efficient" and mask,
+                masked=window is not None and masked_attention(backend, mask, spec),
             )
     el_b, el_k = _lm_layer_elementwise(spec, w, t, r)
     s.add(_mem("elementwise", el_b * layers, el_k * layers), fwd)
