@@ -17,6 +17,12 @@ is built as the probe builds it (trial/probe.py: random weights, on the GPU) and
 
     python3 benchmarks/gen_speed.py JOBS > docs/calibration/gen_speed_h200.tsv
     python3 benchmarks/gen_speed.py --probe JOBS   # the probe itself, two generate() calls per job
+    python3 benchmarks/gen_speed.py --names JOBS   # what a decode step launches, by CUDA kernel and by aten op
+
+`--names` profiles 8 decode steps of the plain loop (cuDNN's attention left in) and generate()'s own steps (a call of
+9 new tokens less one of 1, over 8) and prints, per job and path, each CUDA kernel name and each top-level aten op
+(one the host dispatched, not one inside another) with its count and GPU microseconds per step: what the step-time
+model's kernel counts (plan/ops/lm.py lm_decode_ops) are checked against.
 
 `--probe` runs gpuready's probe (trial/probe.py, a fresh process per job, GPUREADY_PROBE_GENERATE_CALLS=2) and prints
 each call's seconds and the peaks after the first call against the whole run's: whether a second call, which times
@@ -114,6 +120,75 @@ def _job(torch: Any, args: str) -> None:
         torch.backends.cuda.enable_cudnn_sdp(True)
 
 
+def _names(torch: Any, args: str) -> None:
+    """--names: per decode step, the CUDA kernels and top-level aten ops of the loop and of generate()."""
+    from collections import Counter
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from gpuready.trial.backend import probe_spec
+    from gpuready.trial.probe import _build_lm
+    from gpuready.workload import workload_from_args
+
+    w = workload_from_args(args)
+    spec = probe_spec(w)
+    model = _build_lm(torch, spec)
+    model.eval()
+    vocab = int(spec["config"]["vocab_size"])
+    ids = torch.randint(0, vocab, (int(w.batch), int(w.seq)), device="cuda")
+    steps = 8
+
+    def tally(prof: Any) -> tuple[Counter[str], Counter[str], Counter[str]]:
+        kernels: Counter[str] = Counter()
+        kernel_us: Counter[str] = Counter()
+        ops: Counter[str] = Counter()
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                kernels[e.name[:90]] += 1
+                kernel_us[e.name[:90]] += e.device_time
+            elif e.name.startswith("aten::"):
+                parent = e.cpu_parent
+                while parent is not None and not parent.name.startswith("aten::"):
+                    parent = parent.cpu_parent
+                if parent is None:
+                    ops[e.name] += 1
+        return kernels, kernel_us, ops
+
+    def show(path: str, kernels: Counter[str], kernel_us: Counter[str], ops: Counter[str], per: float) -> None:
+        print(f"{args}\t{path}\tTOTAL kernels\t{sum(kernels.values()) / per:.1f}\t{sum(kernel_us.values()) / per:.0f}")
+        print(f"{args}\t{path}\tTOTAL aten ops\t{sum(ops.values()) / per:.1f}\t")
+        for name, n in kernels.most_common():
+            if n / per >= 0.5:
+                print(f"{args}\t{path}\tkernel {name}\t{n / per:.1f}\t{kernel_us[name] / per:.0f}")
+        for name, n in ops.most_common():
+            if n / per >= 0.5:
+                print(f"{args}\t{path}\top {name}\t{n / per:.1f}\t")
+
+    with torch.no_grad():
+        out = model(ids, use_cache=True)
+        cache = out.past_key_values
+        nxt = out.logits[:, -1:].argmax(-1)
+        for _ in range(2):  # every shape seen once
+            out = model(nxt, past_key_values=cache, use_cache=True)
+            nxt = out.logits[:, -1:].argmax(-1)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                out = model(nxt, past_key_values=cache, use_cache=True)
+                nxt = out.logits[:, -1:].argmax(-1)
+            torch.cuda.synchronize()
+        show("loop", *tally(prof), steps)
+        del out, cache
+        counts = []
+        for n in (1, steps + 1, 1, steps + 1):  # the first pair sees the shapes, the second is counted
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+                torch.cuda.synchronize()
+            counts.append(tally(prof))
+        one, many = counts[2], counts[3]
+        show("generate", *(many[k] - one[k] for k in range(3)), steps)
+
+
 def probe_twice(args: str) -> str:
     """One job through the probe with two generate() calls: a line of the --probe table."""
     import json
@@ -143,6 +218,20 @@ def probe_twice(args: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 2 and argv[0] == "--names":
+        import torch
+
+        with open(argv[1], encoding="utf-8") as f:
+            jobs = [ln.strip() for ln in f if ln.strip() and not ln.startswith("#")]
+        print(f"# torch {torch.__version__}, {torch.cuda.get_device_name()}, {time.strftime('%Y-%m-%d %H:%M UTC')}")
+        print("job\tpath\twhat\tper_step\tgpu_us_per_step")
+        for args in jobs:
+            try:
+                _names(torch, args)
+            except Exception as exc:  # one job's fault is a line of the table
+                print(f"{args}\terror\t{type(exc).__name__}: {str(exc).splitlines()[0]}", flush=True)
+            torch.cuda.empty_cache()
+        return 0
     if len(argv) == 2 and argv[0] == "--probe":
         with open(argv[1], encoding="utf-8") as f:
             jobs = [ln.strip() for ln in f if ln.strip() and not ln.startswith("#")]
@@ -155,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     if len(argv) != 1:
-        sys.stderr.write("usage: gen_speed.py [--probe] JOBS\n")
+        sys.stderr.write("usage: gen_speed.py [--probe | --names] JOBS\n")
         return 2
     with open(argv[0], encoding="utf-8") as f:
         lines = [ln.strip() for ln in f]
