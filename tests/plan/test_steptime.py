@@ -209,22 +209,26 @@ def test_the_fit_file_names_its_rows_and_keeps_the_held_out_ones_out() -> None:
 
 
 def test_hf_generate_is_host_bound_and_says_so() -> None:
-    # the warm generate() calls decode_host_s was fitted on (benchmarks/gen_speed.py: the second call of each shape)
-    warm = (ROOT / "docs" / "calibration" / "steptime_h200_new_c.jsonl").read_text(encoding="utf-8")
-    rows = {r["args"]: float(r["request_seconds"]) for r in map(json.loads, warm.splitlines())}
-    assert len(rows) == 10
+    # the warm generate() calls decode_host_s was fitted on (benchmarks/gen_speed.py: the second call of each shape;
+    # sets c and d, 19 requests)
+    rows: dict[str, float] = {}
+    for name in ("steptime_h200_new_c.jsonl", "steptime_h200_new_d.jsonl"):
+        warm = (ROOT / "docs" / "calibration" / name).read_text(encoding="utf-8")
+        rows.update({r["args"]: float(r["request_seconds"]) for r in map(json.loads, warm.splitlines())})
+    assert len(rows) == 19
     ratios = []
     for args, measured in rows.items():
         w = workload_from_args(args)
         st = step_time(w, H200)
         ratios.append(st.seconds / measured)
         if w.model in ("qwen2.5-0.5b", "qwen3-0.6b", "llama-3.2-1b"):
-            # a small model's decode: the device's own share is small, a card twice as fast would gain little
+            # a small model's decode: the host sets most of the step, so a card with 43% more bandwidth (the H200
+            # against the H100 SXM, the same compute) gains under 5%
             assert any(n.startswith("host-bound") for n in st.notes)
-            assert st.breakdown["decode host (exposed)"] > 0.5 * st.seconds
+            assert step_time(w, find_gpu("H100 SXM")).seconds < 1.05 * st.seconds
         assert any(n.startswith("decode time is warm") for n in st.notes)  # the H200 takes cuDNN's attention
-    assert all(1 / 1.7 < q < 1.7 for q in ratios)
-    assert statistics.median(abs(q - 1) for q in ratios) < 0.15
+    assert all(1 / 1.4 < q < 1.4 for q in ratios)
+    assert statistics.median(abs(q - 1) for q in ratios) < 0.10
 
 
 def test_the_first_request_note_is_for_cards_that_take_cudnn_attention_first() -> None:

@@ -210,6 +210,23 @@ def _host_bound(ops: Iterable[Op], eff: Efficiency, gpu_seconds: float, per_op: 
     return max(0.0, host - gpu_seconds)
 
 
+def _decode_host(ops: Iterable[Op], gpu: Gpu, eff: Efficiency, precision: str) -> tuple[float, float]:
+    """(seconds a decode step's device waits for the host, seconds of the step the host sets), kernel by kernel:
+    each kernel takes at least the host's decode_host_s to issue, so a kernel shorter than that leaves the device
+    idle for the rest and lasts decode_host_s in all (generate() syncs every step, so the host cannot run a step
+    ahead). Counted per kernel rather than as the step's host total against its device total: with the totals the
+    small batches came out up to x1.5 slow and the large ones x0.85 (docs/steptime.md, session 21)."""
+    idle = host_set = 0.0
+    for op in ops:
+        if op.kind == "comm" or op.kernels <= 0:
+            continue
+        per_kernel = op_seconds(op, gpu, eff, precision) / op.kernels
+        if per_kernel < eff.decode_host_s:
+            idle += op.kernels * (eff.decode_host_s - per_kernel)
+            host_set += op.kernels * eff.decode_host_s
+    return idle, host_set
+
+
 def _exposed_comm(w: Workload, comm: list[Op], compute: float, backward: float, gpu: Gpu, eff: Efficiency) -> float:
     if not comm:
         return 0.0
@@ -278,6 +295,7 @@ def step_time(
     eff = eff or fitted()
     w = workload
     notes: set[str] = set()
+    host_set = 0.0  # seconds of decode set by the host (_decode_host)
     vision = spec.kind == "vision"
     unit = "images" if vision else "tokens"
     if w.training:
@@ -301,14 +319,17 @@ def step_time(
             mid = w.seq + w.new_tokens // 2
             dops = lm_decode_ops(spec, w, mid)
             decode = _sum(dops, gpu, eff, w.precision, notes)
-            decode["host (exposed)"] = _host_bound(dops, eff, sum(decode.values()), eff.decode_host_s)
+            decode["host (exposed)"], step_host_set = _decode_host(dops, gpu, eff, w.precision)
+            host_set += step_host_set * w.new_tokens
             for k, v in decode.items():
                 breakdown[f"decode {k}"] = v * w.new_tokens
             units = w.batch * w.new_tokens * w.gpus
             if _cudnn_attention_first(gpu):
                 notes.add(FIRST_REQUEST_NOTE)
     total = sum(breakdown.values())
-    host = sum(v for k, v in breakdown.items() if k.endswith("host (exposed)"))
+    # the time the host sets: its exposed wait, and in decode every kernel shorter than the host's cost to issue it
+    host = host_set + sum(v for k, v in breakdown.items() if k.endswith("host (exposed)") and k.startswith("prefill"))
+    host += sum(v for k, v in breakdown.items() if k == "host (exposed)")
     if total > 0 and host > 0.5 * total:
         notes.add(
             "host-bound: eager PyTorch's per-op cost on the CPU sets most of this step's time (e.g. HF generate's "
