@@ -164,3 +164,35 @@ def test_every_card_estimated_on_threads_equals_its_own_estimate(fields: dict[st
     verdicts = {c: (e.fits, e.max_batch) for c, e in threaded.items()}
     assert verdicts[80 * GIB][0] and not verdicts[3 * GIB][0]  # both answers among the cards
     assert len({v[1] for v in verdicts.values()}) > 2  # the max batch differs card by card
+
+
+def test_threads_asking_for_the_same_job_replay_it_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """plan's cards on threads ask for the same batches: the second thread waits for the first's replay."""
+    est = importlib.import_module("gpuready.memory.estimate")
+    est.clear_caches()
+    real = est._run
+    started = threading.Event()
+    release = threading.Event()
+    calls: list[int] = []
+
+    def slow(spec: Any, w: Any, meta_init: bool = False) -> Any:
+        calls.append(w.batch)
+        started.set()
+        assert release.wait(10)
+        return real(spec, w, meta_init)
+
+    monkeypatch.setattr(est, "_run", slow)
+    w = make_workload(model="gpt2", seq=128, batch=3)
+    spec = est.resolve_model(w.model)
+    results: list[Any] = []
+    threads = [threading.Thread(target=lambda: results.append(est._core(spec, w))) for _ in range(2)]
+    threads[0].start()
+    assert started.wait(10)
+    threads[1].start()
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert calls == [3]
+    assert len(results) == 2 and results[0] is results[1]
+    assert not est._core_running
+    est.clear_caches()
