@@ -196,3 +196,23 @@ def test_threads_asking_for_the_same_job_replay_it_once(monkeypatch: pytest.Monk
     assert len(results) == 2 and results[0] is results[1]
     assert not est._core_running
     est.clear_caches()
+
+
+def test_plan_times_the_cards_in_its_own_thread_while_the_replays_run() -> None:
+    """estimate_cards' `meanwhile` runs once, in the calling thread, on threads or not; its error reaches the caller."""
+    from gpuready.memory.sweep import estimate_cards
+
+    w = make_workload(model="gpt2", seq=128)
+    ran: list[int] = []
+    for workers in (1, 2):
+        out = estimate_cards(
+            w, [8 << 30, 16 << 30], workers=workers, meanwhile=lambda: ran.append(threading.get_ident())
+        )
+        assert sorted(out) == [8 << 30, 16 << 30]
+    assert ran == [threading.get_ident()] * 2
+
+    def broken() -> None:
+        raise ValueError("meanwhile failed")
+
+    with pytest.raises(ValueError, match="meanwhile failed"):
+        estimate_cards(w, [8 << 30, 16 << 30, 24 << 30], workers=2, meanwhile=broken)

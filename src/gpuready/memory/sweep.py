@@ -93,9 +93,12 @@ def estimate_batches(
     return [r for r in results if r is not None]
 
 
-def _on_threads(run: Callable[[T], None], items: list[T], threads: int) -> None:
+def _on_threads(
+    run: Callable[[T], None], items: list[T], threads: int, meanwhile: Callable[[], None] | None = None
+) -> None:
     """run(item) for every item, the items dealt round-robin to `threads` threads; the first exception raised in a
-    thread stops the others' next items and is raised here, in the caller's thread."""
+    thread stops the others' next items and is raised here, in the caller's thread. `meanwhile`: run in the
+    caller's thread while the others work (its exception is raised once they have stopped)."""
     errors: list[BaseException] = []
 
     def work(part: list[T]) -> None:
@@ -111,6 +114,14 @@ def _on_threads(run: Callable[[T], None], items: list[T], threads: int) -> None:
     pool = [threading.Thread(target=work, args=(items[k::threads],), daemon=True) for k in range(threads)]
     for t in pool:
         t.start()
+    try:
+        if meanwhile is not None:
+            meanwhile()
+    except BaseException:
+        errors.append(RuntimeError("stopped"))  # the threads take no next item
+        for t in pool:
+            t.join()
+        raise
     for t in pool:
         t.join()
     if errors:
@@ -118,12 +129,18 @@ def _on_threads(run: Callable[[T], None], items: list[T], threads: int) -> None:
 
 
 def estimate_cards(
-    workload: Workload, capacities: Iterable[int], *, spec: ModelSpec | None = None, workers: int | None = None
+    workload: Workload,
+    capacities: Iterable[int],
+    *,
+    spec: ModelSpec | None = None,
+    workers: int | None = None,
+    meanwhile: Callable[[], None] | None = None,
 ) -> dict[int, MemoryEstimate]:
     """`estimate(workload, c)` (fits and max batch) for each card capacity c, by capacity: what `plan` asks for every
     card of the catalog. The batch template the max-batch searches write out is recorded first, in the calling
     thread; then the cards share threads as estimate_batches' batches do (their replays under each card's limit run
-    at the same time on several cores)."""
+    at the same time on several cores). `meanwhile`: other work for the calling thread while they run (plan's step
+    times), called once in any case."""
     spec = spec or resolve_model(workload.model, workload.as_family)
     order = list(dict.fromkeys(capacities))
     out: dict[int, MemoryEstimate] = {}
@@ -135,12 +152,14 @@ def estimate_cards(
     if threads <= 1:
         for c in order:
             fill(c)
+        if meanwhile is not None:
+            meanwhile()
         return out
     structure = workload.model_copy(update={"batch": 1})
     for meta in dict.fromkeys(fsdp_meta_init(spec, workload, c) for c in order):
         expect_many_batches(spec, workload, meta)
         template_for(spec, structure, meta, 1)
-    _on_threads(fill, order, threads)
+    _on_threads(fill, order, threads, meanwhile)
     return {c: out[c] for c in order}
 
 

@@ -12,7 +12,6 @@ may too (same columns). Each point's `values` (the swept variable, e.g. {"batch"
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +66,8 @@ def fit_factors(db: ResultsDB) -> dict[str, tuple[float, int, dict[str, Any]]]:
         ratio = seconds / predicted
         if _SANE[0] <= ratio <= _SANE[1]:
             ratios.setdefault(card.name, []).append(ratio)
+    import statistics  # (here: its import pulls in fractions and decimal, which plan's start-up need not pay)
+
     return {
         name: (statistics.median(vals), len(vals), {"min": min(vals), "max": max(vals)})
         for name, vals in ratios.items()

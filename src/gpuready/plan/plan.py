@@ -205,12 +205,18 @@ def plan(
     unit = "images" if spec.kind == "vision" else "tokens"
     units_per_step = 0
     job_steps = steps
-    estimates = estimate_cards(workload, [g.usable_bytes for g in cards], spec=spec)
+    base_times: dict[str, StepTime] = {}
+
+    def time_cards() -> None:  # (in this thread while the cards' replays run on others)
+        for gpu in cards:
+            base_times[gpu.name] = step_time(workload, gpu, spec=spec, calibration=calibration.get(gpu.name, 1.0))
+
+    estimates = estimate_cards(workload, [g.usable_bytes for g in cards], spec=spec, meanwhile=time_cards)
     for gpu in cards:
         est = estimates[gpu.usable_bytes]
         run_w, change = workload, None
         factor = calibration.get(gpu.name, 1.0)
-        st = step_time(workload, gpu, spec=spec, calibration=factor)
+        st = base_times[gpu.name]
         if not est.fits:
             # the fastest same-work change that fits this card
             best: tuple[float, str, Workload, StepTime] | None = None

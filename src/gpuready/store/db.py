@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
+import platform
 import sqlite3
 import sys
 import time
@@ -237,7 +237,7 @@ class ResultsDB:
                     target,
                     variable,
                     json.dumps(workload) if workload else None,
-                    socket.gethostname(),
+                    platform.node(),
                     gpu,
                 ),
             )
