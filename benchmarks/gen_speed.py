@@ -47,17 +47,23 @@ def _timed(torch: Any, fn: Any) -> tuple[float, float]:
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
-def _job(torch: Any, args: str) -> None:
+def _model(torch: Any, args: str) -> tuple[Any, Any, int]:
+    """(the job, its model built as the probe builds it, in eval mode, its vocabulary size)."""
     from gpuready.trial.backend import probe_spec
     from gpuready.trial.probe import _build_lm
     from gpuready.workload import workload_from_args
-    from gpuready.workload.spec import SAMPLING
 
     w = workload_from_args(args)
     spec = probe_spec(w)
     model = _build_lm(torch, spec)
     model.eval()
-    vocab = int(spec["config"]["vocab_size"])
+    return w, model, int(spec["config"]["vocab_size"])
+
+
+def _job(torch: Any, args: str) -> None:
+    from gpuready.workload.spec import SAMPLING
+
+    w, model, vocab = _model(torch, args)
     n, batch, seq = int(w.new_tokens), int(w.batch), int(w.seq)
     decoding: dict[str, Any] = {"do_sample": False}
     if w.decoding == "sample":
@@ -126,15 +132,7 @@ def _names(torch: Any, args: str) -> None:
 
     from torch.profiler import ProfilerActivity, profile
 
-    from gpuready.trial.backend import probe_spec
-    from gpuready.trial.probe import _build_lm
-    from gpuready.workload import workload_from_args
-
-    w = workload_from_args(args)
-    spec = probe_spec(w)
-    model = _build_lm(torch, spec)
-    model.eval()
-    vocab = int(spec["config"]["vocab_size"])
+    w, model, vocab = _model(torch, args)
     ids = torch.randint(0, vocab, (int(w.batch), int(w.seq)), device="cuda")
     steps = 8
 
