@@ -333,7 +333,8 @@ def step_time(
     if total > 0 and host > 0.5 * total:
         notes.add(
             "host-bound: eager PyTorch's per-op cost on the CPU sets most of this step's time (e.g. HF generate's "
-            "decode), so faster GPUs gain little; a serving engine with CUDA graphs would not be"
+            "decode), so faster GPUs gain little and the machine's CPU counts (one request ran 27% apart on two H200 "
+            "machines); a serving engine with CUDA graphs would not be"
         )
     seconds = total * calibration
     return StepTime(gpu.name, w.gpus, seconds, int(units), unit, dict(breakdown), calibration, tuple(sorted(notes)))
