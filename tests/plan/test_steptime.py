@@ -178,7 +178,7 @@ def test_the_committed_held_out_predictions_were_made_before_the_rows_they_predi
     jobs = {line.split("\t", 1)[1] for line in predicted.splitlines() if line and not line.startswith("#")}
     measured = set()
     for f in sorted((ROOT / "docs" / "calibration").glob("steptime_h200_new*.jsonl")):
-        if f.name not in ("steptime_h200_new_c.jsonl", "steptime_h200_new_d.jsonl"):
+        if f.name not in ("steptime_h200_new_c.jsonl", "steptime_h200_new_d.jsonl", "steptime_h200_new_e.jsonl"):
             measured |= {json.loads(line)["args"] for line in f.read_text(encoding="utf-8").splitlines()}
     assert measured == jobs and len(jobs) == 15
     # the warm generation rows: predicted (by the model before decode_host_s) before gen_speed.py timed them
@@ -191,6 +191,11 @@ def test_the_committed_held_out_predictions_were_made_before_the_rows_they_predi
     b_jobs = {line.split("\t", 1)[1] for line in gen_b.splitlines() if line and not line.startswith("#")}
     warm_b = (ROOT / "docs" / "calibration" / "steptime_h200_new_d.jsonl").read_text(encoding="utf-8")
     assert {json.loads(line)["args"] for line in warm_b.splitlines()} == b_jobs and len(b_jobs) == 9
+    # the third (session 21): predicted with the per-kernel decode model, before the probe timed it
+    gen_d = (ROOT / "docs" / "calibration" / "gen_speed_d_predicted.txt").read_text(encoding="utf-8")
+    d_jobs = {line.split("\t", 1)[1] for line in gen_d.splitlines() if line and not line.startswith("#")}
+    warm_e = (ROOT / "docs" / "calibration" / "steptime_h200_new_e.jsonl").read_text(encoding="utf-8")
+    assert {json.loads(line)["args"] for line in warm_e.splitlines()} == d_jobs and len(d_jobs) == 7
 
 
 def test_the_fit_file_names_its_rows_and_keeps_the_held_out_ones_out() -> None:
