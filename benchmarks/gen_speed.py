@@ -214,13 +214,18 @@ def probe_twice(args: str) -> str:
     return "\t".join([args, *cells])
 
 
+def _jobs(path: str) -> list[str]:
+    """A job list's jobs: one per line, `#` comments and blank lines left out."""
+    with open(path, encoding="utf-8") as f:
+        return [ln.strip() for ln in f if ln.strip() and not ln.strip().startswith("#")]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) == 2 and argv[0] == "--names":
         import torch
 
-        with open(argv[1], encoding="utf-8") as f:
-            jobs = [ln.strip() for ln in f if ln.strip() and not ln.startswith("#")]
+        jobs = _jobs(argv[1])
         print(f"# torch {torch.__version__}, {torch.cuda.get_device_name()}, {time.strftime('%Y-%m-%d %H:%M UTC')}")
         print("job\tpath\twhat\tper_step\tgpu_us_per_step")
         for args in jobs:
@@ -231,8 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.empty_cache()
         return 0
     if len(argv) == 2 and argv[0] == "--probe":
-        with open(argv[1], encoding="utf-8") as f:
-            jobs = [ln.strip() for ln in f if ln.strip() and not ln.startswith("#")]
+        jobs = _jobs(argv[1])
         stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         print(f"# {stamp}, gpuready's probe, GPUREADY_PROBE_GENERATE_CALLS=2")
         print("job\tfirst_s\tsecond_s\talloc_after_first\talloc_run\treserved_after_first\treserved_run")
@@ -244,13 +248,11 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         sys.stderr.write("usage: gen_speed.py [--probe | --names] JOBS\n")
         return 2
-    with open(argv[0], encoding="utf-8") as f:
-        lines = [ln.strip() for ln in f]
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     print(f"# torch {torch.__version__}, {torch.cuda.get_device_name()}, {stamp}")
     print("# `kernels`: seconds and ms are the GPU's kernel time per decode step, the last column the kernels per step")
     print("job\tway\tseconds\tms_per_token\tcpu_seconds")
-    for args in (ln for ln in lines if ln and not ln.startswith("#")):
+    for args in _jobs(argv[0]):
         try:
             _job(torch, args)
             torch.cuda.empty_cache()

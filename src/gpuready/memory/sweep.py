@@ -119,11 +119,10 @@ def _on_threads(
             meanwhile()
     except BaseException:
         errors.append(RuntimeError("stopped"))  # the threads take no next item
+        raise
+    finally:
         for t in pool:
             t.join()
-        raise
-    for t in pool:
-        t.join()
     if errors:
         raise errors[0]
 

@@ -328,8 +328,8 @@ def step_time(
                 notes.add(FIRST_REQUEST_NOTE)
     total = sum(breakdown.values())
     # the time the host sets: its exposed wait, and in decode every kernel shorter than the host's cost to issue it
-    host = host_set + sum(v for k, v in breakdown.items() if k.endswith("host (exposed)") and k.startswith("prefill"))
-    host += sum(v for k, v in breakdown.items() if k == "host (exposed)")
+    exposed = (v for k, v in breakdown.items() if k.endswith("host (exposed)") and not k.startswith("decode"))
+    host = host_set + sum(exposed)
     if total > 0 and host > 0.5 * total:
         notes.add(
             "host-bound: eager PyTorch's per-op cost on the CPU sets most of this step's time (e.g. HF generate's "
